@@ -1,0 +1,167 @@
+"""Validated run configuration. Unknown keys and bad values are errors that name the key.
+
+Defaults follow the paper's recipe: 16 tasks x G=8 rollouts, temperature 0.7, KL 0.005, LR 1e-6,
+10 agent turns.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class LoraConfig(Strict):
+    r: int = Field(16, ge=1)
+    alpha: int = Field(32, ge=1)
+    dropout: float = Field(0.0, ge=0, lt=1)
+    target_modules: str | list[str] = "all-linear"
+
+
+class ModelConfig(Strict):
+    path: str = "smollm2-135m"
+    """An embedded model name (smollm2-135m) or a directory with a transformers checkpoint."""
+    finetune: Literal["lora", "full"] = "lora"
+    lora: LoraConfig = LoraConfig()
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    kv_budget_tokens: int = Field(200_000, ge=0)
+    """Tokens of per-dialogue key/value cache kept between turns (0 turns reuse off)."""
+
+
+class RoleConfig(Strict):
+    model: str = "policy"
+    """A key of ``models``."""
+    trainable: bool = False
+    temperature: float = Field(0.7, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_new_tokens: int = Field(128, ge=1)
+    stop: list[str] = []
+
+
+class EnvConfig(Strict):
+    name: str = "p4g"
+    train_split: str = "train"
+    eval_split: str = "test"
+    options: dict[str, Any] = {}
+    """Keyword options of the environment (e.g. p4g: max_turns, personas, split_seed, test_fraction)."""
+
+
+class RolloutConfig(Strict):
+    n_tasks: int = Field(16, ge=1)
+    group_size: int = Field(8, ge=1)
+    max_context: int = Field(4096, ge=64)
+    end_on_truncation: bool = True
+    """A reply cut off at max_new_tokens ends the episode as ``truncated``."""
+
+
+class TrainConfig(Strict):
+    steps: int = Field(100, ge=1)
+    lr: float = Field(1e-6, gt=0)
+    betas: tuple[float, float] = (0.9, 0.98)
+    weight_decay: float = Field(0.1, ge=0)
+    eps_low: float = Field(0.2, ge=0)
+    eps_high: float = Field(0.28, ge=0)
+    kl_coef: float = Field(0.005, ge=0)
+    grad_clip: float = Field(1.0, gt=0)
+    micro_batch_tokens: int = Field(4096, ge=16)
+    num_minibatches: int = Field(1, ge=1)
+    success_threshold: float = 1.0
+    """A group is all-success when every reward is >= this, all-failure when every reward is <= 0."""
+
+
+class RunConfig(Strict):
+    dir: str = "runs/scope"
+    seed: int = 0
+    save_every: int = Field(10, ge=1)
+    keep_checkpoints: int = Field(2, ge=1)
+    save_rollouts: bool = True
+    threads: int | None = Field(None, ge=1)
+    progress: bool = True
+
+
+class Config(Strict):
+    run: RunConfig = RunConfig()
+    models: dict[str, ModelConfig] = {"policy": ModelConfig()}
+    agent: RoleConfig = RoleConfig(trainable=True)
+    partner: RoleConfig = RoleConfig()
+    env: EnvConfig = EnvConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    train: TrainConfig = TrainConfig()
+
+    @field_validator("models")
+    @classmethod
+    def _models_nonempty(cls, v):
+        if not v:
+            raise ValueError("at least one model is needed")
+        return v
+
+    @model_validator(mode="after")
+    def _check_refs(self):
+        for role in ("agent", "partner"):
+            rc: RoleConfig = getattr(self, role)
+            if rc.model not in self.models:
+                raise ValueError(f"{role}.model: {rc.model!r} is not one of models ({', '.join(self.models)})")
+        from .envs import get_env
+
+        try:
+            get_env(self.env.name)
+        except KeyError as e:
+            raise ValueError(f"env.name: {e.args[0]}") from None
+        return self
+
+    def roles(self) -> dict[str, RoleConfig]:
+        return {"agent": self.agent, "partner": self.partner}
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def _format(e: ValidationError) -> str:
+    lines = []
+    for err in e.errors():
+        loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown key"
+        lines.append(f"  {loc}: {msg}")
+    return "invalid config:\n" + "\n".join(lines)
+
+
+def parse_config(data: dict[str, Any] | None) -> Config:
+    try:
+        return Config.model_validate(data or {})
+    except ValidationError as e:
+        raise ConfigError(_format(e)) from None
+
+
+def load_config(path: str, overrides: list[str] | None = None) -> Config:
+    with open(path) as f:
+        data = yaml.safe_load(f) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping")
+    for ov in overrides or []:
+        apply_override(data, ov)
+    return parse_config(data)
+
+
+def apply_override(data: dict[str, Any], item: str) -> None:
+    """``a.b.c=value`` (value parsed as YAML) into a nested dict."""
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} is not KEY=VALUE")
+    key, val = item.split("=", 1)
+    parts = key.split(".")
+    d = data
+    for p in parts[:-1]:
+        d = d.setdefault(p, {})
+        if not isinstance(d, dict):
+            raise ConfigError(f"override {item!r}: {p} is not a mapping")
+    d[parts[-1]] = yaml.safe_load(val)
+
+
+def dump_config(cfg: Config) -> str:
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,5 @@
+"""Environments register themselves by name; importing this package registers the built-in ones."""
+from .base import ENVS, Env, get_env, register_env
+from . import p4g  # noqa: F401  (registers "p4g")
+
+__all__ = ["ENVS", "Env", "get_env", "register_env"]

@@ -1,0 +1,78 @@
+"""The environment interface and its registry.
+
+An Env is plain control flow for one task: what each role sees, whose turn it is, what a reply does,
+when the dialogue ends, and the reward. Envs never call models; the rollout engine does, so that it
+can batch the requests of many dialogues.
+"""
+from __future__ import annotations
+
+import random
+from typing import Any, Callable
+
+from ..types import Task
+
+ENVS: dict[str, type["Env"]] = {}
+
+
+def register_env(name: str) -> Callable[[type["Env"]], type["Env"]]:
+    def deco(cls: type["Env"]) -> type["Env"]:
+        ENVS[name] = cls
+        cls.name = name
+        return cls
+
+    return deco
+
+
+def get_env(name: str) -> type["Env"]:
+    if name not in ENVS:
+        raise KeyError(f"unknown environment {name!r}; registered: {sorted(ENVS)}")
+    return ENVS[name]
+
+
+class Env:
+    """One dialogue between two roles over one task.
+
+    ``views[role]`` is the chat message list that role's model sees: its own replies as
+    ``assistant``, everything else as ``user`` (or ``system``). Subclasses fill the system prompts in
+    ``__init__`` and implement ``next_role``, ``on_reply`` and ``rewards``.
+    """
+
+    name = "base"
+    roles: tuple[str, ...] = ("agent", "partner")
+
+    def __init__(self, task: Task, rng: random.Random, **options: Any):
+        self.task = task
+        self.rng = rng
+        self.views: dict[str, list[dict[str, str]]] = {r: [] for r in self.roles}
+        self.transcript: list[dict[str, Any]] = []
+        self.done = False
+        self.end_reason: str | None = None
+        self.turns: dict[str, int] = {r: 0 for r in self.roles}
+        self.meta: dict[str, Any] = {}
+
+    # ---- helpers for subclasses -----------------------------------------------------------
+    def say(self, speaker: str, text: str, to: tuple[str, ...] | None = None) -> None:
+        """Record ``speaker``'s reply: it is the speaker's own assistant turn and a user turn for ``to``."""
+        self.views[speaker].append({"role": "assistant", "content": text})
+        for r in (to if to is not None else [r for r in self.roles if r != speaker]):
+            self.views[r].append({"role": "user", "content": text})
+        self.transcript.append({"role": speaker, "content": text})
+
+    def finish(self, reason: str) -> None:
+        self.done, self.end_reason = True, reason
+
+    # ---- the interface ----------------------------------------------------------------------
+    def next_role(self) -> str | None:
+        raise NotImplementedError
+
+    def on_reply(self, role: str, text: str) -> None:
+        """Apply ``role``'s reply (its exact generated text)."""
+        raise NotImplementedError
+
+    def rewards(self) -> dict[str, float]:
+        raise NotImplementedError
+
+    # ---- tasks ------------------------------------------------------------------------------
+    @classmethod
+    def load_tasks(cls, split: str, **options: Any) -> list[Task]:
+        raise NotImplementedError

@@ -1,0 +1,212 @@
+"""Group-relative policy optimisation on whole multi-turn trajectories.
+
+advantage = (R - mean_group) / std_group, given to every trainable token of a trajectory (groups
+with zero std get 0 and are counted). Per token: clipped importance ratio against the rollout
+log-probs (eps_low / eps_high), plus an optional k3 KL to the frozen reference; the loss is the
+mean over all trainable tokens of the batch. AdamW, gradient-norm clip, micro-batches with gradient
+accumulation. Log-probs are of logits / temperature, the distribution the rollout sampled from.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from .models.local import LocalBackend, clone_frozen
+from .types import Episode, Trace
+
+
+# ---- advantages -------------------------------------------------------------------------------
+@dataclass
+class GroupStats:
+    n_groups: int = 0
+    zero_variance: int = 0
+    all_success: int = 0
+    all_failure: int = 0
+    failed_episodes: int = 0
+
+    def fractions(self) -> dict[str, float]:
+        n = max(self.n_groups, 1)
+        return {"zero_variance_frac": self.zero_variance / n, "all_success_frac": self.all_success / n,
+                "all_failure_frac": self.all_failure / n}
+
+
+def group_advantages(episodes: Sequence[Episode], role: str, success_threshold: float = 1.0,
+                     eps: float = 1e-6) -> tuple[list[float | None], GroupStats]:
+    """Per-episode advantage for ``role`` (None for failed episodes, which are left out)."""
+    stats = GroupStats()
+    groups: dict[str, list[int]] = {}
+    for i, ep in enumerate(episodes):
+        if ep.failed or role not in ep.rewards:
+            stats.failed_episodes += ep.failed
+            continue
+        groups.setdefault(ep.group_id, []).append(i)
+    adv: list[float | None] = [None] * len(episodes)
+    for idx in groups.values():
+        r = torch.tensor([episodes[i].rewards[role] for i in idx], dtype=torch.float64)
+        stats.n_groups += 1
+        stats.all_success += bool((r >= success_threshold).all())
+        stats.all_failure += bool((r <= 0).all())
+        std = r.std(unbiased=False) if len(idx) > 1 else torch.tensor(0.0, dtype=torch.float64)
+        if std < eps:
+            stats.zero_variance += 1
+            a = torch.zeros_like(r)
+        else:
+            a = (r - r.mean()) / (std + eps)
+        for i, v in zip(idx, a.tolist()):
+            adv[i] = v
+    return adv, stats
+
+
+# ---- the learner ------------------------------------------------------------------------------
+@dataclass
+class LearnerConfig:
+    lr: float = 1e-6
+    betas: tuple[float, float] = (0.9, 0.98)
+    weight_decay: float = 0.1
+    eps_low: float = 0.2
+    eps_high: float = 0.28
+    kl_coef: float = 0.005
+    grad_clip: float = 1.0
+    micro_batch_tokens: int = 4096
+    num_minibatches: int = 1
+    temperature: float = 0.7
+
+
+class Learner:
+    """Updates one trainable ModelRef: a LoRA adapter of a backend, or its full weights."""
+
+    def __init__(self, backend: LocalBackend, adapter: str | None, cfg: LearnerConfig):
+        self.backend, self.adapter, self.cfg = backend, adapter, cfg
+        self.params = backend.set_trainable(adapter)
+        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, betas=tuple(cfg.betas),
+                                           weight_decay=cfg.weight_decay)
+        self.ref_model = None
+        if cfg.kl_coef > 0 and adapter is None:  # full fine-tuning needs its own frozen copy
+            self.ref_model = clone_frozen(backend.model)
+
+    # -- log-probs of the tokens a role generated, computed only where mask == 1 --
+    def _token_logits(self, model, ids: torch.Tensor, att: torch.Tensor, sel: torch.Tensor) -> torch.Tensor:
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        hidden = base.get_decoder()(input_ids=ids, attention_mask=att).last_hidden_state
+        h = hidden[:, :-1][sel[:, 1:]]  # position t-1 predicts token t
+        return base.get_output_embeddings()(h).float() / self.cfg.temperature
+
+    def _batch(self, traces: Sequence[Trace]):
+        L = max(len(t.token_ids) for t in traces)
+        pad = self.backend.pad_id
+        ids = torch.full((len(traces), L), pad, dtype=torch.long)
+        att = torch.zeros((len(traces), L), dtype=torch.long)
+        sel = torch.zeros((len(traces), L), dtype=torch.bool)
+        old = []
+        for i, t in enumerate(traces):
+            n = len(t.token_ids)
+            ids[i, :n] = torch.tensor(t.token_ids)
+            att[i, :n] = 1
+            m = torch.tensor(t.mask, dtype=torch.bool)
+            m[0] = False  # the first token has no prediction
+            sel[i, :n] = m
+            old.extend(lp for lp, mk in zip(t.logprobs[1:], t.mask[1:]) if mk)
+        return ids, att, sel, torch.tensor(old, dtype=torch.float32)
+
+    def _micro_batches(self, items: list[tuple[Trace, float]]) -> list[list[tuple[Trace, float]]]:
+        items = sorted(items, key=lambda x: len(x[0].token_ids))
+        out, cur, cur_max = [], [], 0
+        for it in items:
+            n = len(it[0].token_ids)
+            if cur and max(cur_max, n) * (len(cur) + 1) > self.cfg.micro_batch_tokens:
+                out.append(cur)
+                cur, cur_max = [], 0
+            cur.append(it)
+            cur_max = max(cur_max, n)
+        if cur:
+            out.append(cur)
+        return out
+
+    def update(self, traces: Sequence[Trace], advantages: Sequence[float]) -> dict[str, float]:
+        items = [(t, a) for t, a in zip(traces, advantages) if a is not None and t.n_generated > 1]
+        if not items:
+            return {"trained_sequences": 0}
+        cfg = self.cfg
+        n_mb = max(1, min(cfg.num_minibatches, len(items)))
+        minibatches = [items[k::n_mb] for k in range(n_mb)]
+        agg: dict[str, float] = {}
+        tot_tokens = 0
+        self.backend.model.train()
+        try:
+            for mb in minibatches:
+                n_tok = sum(t.n_generated - t.mask[0] for t, _ in mb)
+                self.optimizer.zero_grad(set_to_none=True)
+                for micro in self._micro_batches(mb):
+                    m = self._micro_step(micro, n_tok)
+                    for k, v in m.items():
+                        agg[k] = agg.get(k, 0.0) + v
+                gn = torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip)
+                if not torch.isfinite(gn):
+                    self.optimizer.zero_grad(set_to_none=True)
+                    agg["skipped_nonfinite"] = agg.get("skipped_nonfinite", 0) + 1
+                else:
+                    self.optimizer.step()
+                agg["grad_norm"] = agg.get("grad_norm", 0.0) + float(gn) / n_mb
+                tot_tokens += n_tok
+        finally:
+            self.backend.model.eval()
+        self.backend.versions[self.adapter] = self.backend.versions.get(self.adapter, 0) + 1
+        out = {k: v / max(tot_tokens, 1) for k, v in agg.items() if k.startswith("sum_")}
+        out = {k[4:]: v for k, v in out.items()}
+        out.update(grad_norm=agg.get("grad_norm", 0.0), trained_sequences=len(items), trained_tokens=tot_tokens,
+                   skipped_nonfinite=agg.get("skipped_nonfinite", 0))
+        return out
+
+    def _micro_step(self, micro: list[tuple[Trace, float]], n_tok_total: int) -> dict[str, float]:
+        cfg = self.cfg
+        traces = [t for t, _ in micro]
+        ids, att, sel, old = self._batch(traces)
+        adv = torch.cat([torch.full((int(sel[i].sum()),), float(a)) for i, (_, a) in enumerate(micro)])
+        model = self.backend.model
+        with self.backend.using(self.adapter):
+            logits = self._token_logits(model, ids, att, sel)
+        targets = ids[sel]
+        logp_all = torch.log_softmax(logits, dim=-1)
+        logp = logp_all.gather(-1, targets[:, None])[:, 0]
+        with torch.no_grad():
+            entropy = -(logp_all.exp() * logp_all).sum(-1)
+        ratio = torch.exp(logp - old)
+        pg1 = ratio * adv
+        pg2 = ratio.clamp(1 - cfg.eps_low, 1 + cfg.eps_high) * adv
+        pg = -torch.minimum(pg1, pg2)
+        loss_tok = pg
+        kl = torch.zeros_like(pg)
+        if cfg.kl_coef > 0:
+            with torch.no_grad():
+                if self.ref_model is not None:
+                    ref_logits = self._token_logits(self.ref_model, ids, att, sel)
+                else:
+                    with self.backend.using(None):
+                        ref_logits = self._token_logits(model, ids, att, sel)
+                ref_logp = torch.log_softmax(ref_logits, -1).gather(-1, targets[:, None])[:, 0]
+            d = ref_logp - logp
+            kl = torch.exp(d) - d - 1
+            loss_tok = pg + cfg.kl_coef * kl
+        loss = loss_tok.sum() / n_tok_total
+        loss.backward()
+        with torch.no_grad():
+            clipped = ((ratio < 1 - cfg.eps_low) & (adv < 0)) | ((ratio > 1 + cfg.eps_high) & (adv > 0))
+        loss_tok, pg, kl = loss_tok.detach(), pg.detach(), kl.detach()
+        return {"sum_loss": float(loss_tok.sum()), "sum_pg_loss": float(pg.sum()), "sum_kl": float(kl.sum()),
+                "sum_entropy": float(entropy.sum()), "sum_clip_frac": float(clipped.float().sum()),
+                "sum_ratio": float(ratio.detach().sum())}
+
+    # -- state --
+    def state_dict(self) -> dict[str, Any]:
+        return {"optimizer": self.optimizer.state_dict(), "version": self.backend.versions.get(self.adapter, 0)}
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(sd["optimizer"])
+        self.backend.versions[self.adapter] = sd["version"]
+
+
+def finite(x: float) -> bool:
+    return not (math.isnan(x) or math.isinf(x))

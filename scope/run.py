@@ -1,0 +1,172 @@
+"""Run directories: config, metrics (JSONL + TensorBoard), readable rollouts and checkpoints."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from typing import Any
+
+import numpy as np
+import torch
+
+from .config import Config, dump_config
+from .types import Episode
+
+
+class RunDir:
+    def __init__(self, path: str, cfg: Config, resume: bool = False):
+        self.path = path
+        os.makedirs(path, exist_ok=True)
+        cfg_path = os.path.join(path, "config.yaml")
+        if not resume and os.path.exists(os.path.join(path, "metrics.jsonl")):
+            raise FileExistsError(f"{path} already holds a run; use --resume {path} or another run.dir")
+        if not resume:
+            with open(cfg_path, "w") as f:
+                f.write(dump_config(cfg))
+
+    def file(self, *parts: str) -> str:
+        return os.path.join(self.path, *parts)
+
+    def write_rollouts(self, step: int, records: list[dict[str, Any]]) -> None:
+        d = self.file("rollouts")
+        os.makedirs(d, exist_ok=True)
+        tmp = os.path.join(d, f".step_{step:06d}.jsonl.tmp")
+        with open(tmp, "w") as f:
+            for r in records:
+                f.write(json.dumps(r, ensure_ascii=False) + "\n")
+        os.replace(tmp, os.path.join(d, f"step_{step:06d}.jsonl"))
+
+
+def rollout_records(episodes: list[Episode]) -> list[dict[str, Any]]:
+    return [e.summary() for e in episodes]
+
+
+class MetricsLogger:
+    """Appends one JSON line per step to metrics.jsonl and mirrors scalars to TensorBoard.
+
+    On resume from step S, lines of steps after S (written after the checkpoint) are dropped first,
+    so the file continues as if the run had never stopped.
+    """
+
+    def __init__(self, run: RunDir, start_step: int = 0):
+        self.path = run.file("metrics.jsonl")
+        if os.path.exists(self.path):
+            with open(self.path) as f:
+                keep = [ln for ln in f if ln.strip() and json.loads(ln).get("step", 0) <= start_step]
+            with open(self.path, "w") as f:
+                f.writelines(keep)
+        self.tb = None
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(run.file("tb"), purge_step=start_step + 1 if start_step else None)
+        except ImportError:  # tensorboard not installed: JSONL only
+            self.tb = None
+
+    def write(self, step: int, metrics: dict[str, Any]) -> None:
+        clean = {k: (float(v) if isinstance(v, (int, float, np.floating, np.integer)) else v)
+                 for k, v in metrics.items()}
+        clean["step"] = step
+        with open(self.path, "a") as f:
+            f.write(json.dumps(clean) + "\n")
+        if self.tb is not None:
+            for k, v in clean.items():
+                if k != "step" and isinstance(v, float):
+                    self.tb.add_scalar(k, v, step)
+            self.tb.flush()
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
+
+
+def read_metrics(path: str) -> list[dict[str, Any]]:
+    if os.path.isdir(path):
+        path = os.path.join(path, "metrics.jsonl")
+    with open(path) as f:
+        return [json.loads(ln) for ln in f if ln.strip()]
+
+
+class Checkpointer:
+    """``checkpoints/step_NNNNNN/``: adapters or weights, optimizer states, RNG states, step, config.
+
+    Written to a temporary directory and renamed into place, so a crash mid-save never damages the
+    previous checkpoint; only the newest ``keep_checkpoints`` are kept.
+    """
+
+    def __init__(self, run: RunDir, cfg: Config):
+        self.root = run.file("checkpoints")
+        self.cfg = cfg
+        os.makedirs(self.root, exist_ok=True)
+
+    def list(self) -> list[str]:
+        return sorted(d for d in os.listdir(self.root) if d.startswith("step_") and
+                      os.path.exists(os.path.join(self.root, d, "state.pt")))
+
+    def save(self, step: int, backends, learners, sampler, env_rng: random.Random) -> str:
+        final = os.path.join(self.root, f"step_{step:06d}")
+        tmp = final + ".tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+        for role, learner in learners.items():
+            b = learner.backend
+            out = os.path.join(tmp, role)
+            if learner.adapter is not None:
+                b.model.save_pretrained(out, selected_adapters=[learner.adapter])
+            else:
+                b.model.save_pretrained(out)
+                b.tokenizer.save_pretrained(out)
+        state = {
+            "step": step,
+            "learners": {r: l.state_dict() for r, l in learners.items()},
+            "sampler": sampler.state_dict(),
+            "env_rng": env_rng.getstate(),
+            "python_rng": random.getstate(),
+            "numpy_rng": np.random.get_state(),
+            "torch_rng": torch.get_rng_state(),
+            "generators": {k: b.generator.get_state() for k, b in backends.items()},
+        }
+        torch.save(state, os.path.join(tmp, "state.pt"))
+        with open(os.path.join(tmp, "config.yaml"), "w") as f:
+            f.write(dump_config(self.cfg))
+        if os.path.exists(final):
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        for old in self.list()[:-self.cfg.run.keep_checkpoints]:
+            shutil.rmtree(os.path.join(self.root, old), ignore_errors=True)
+        return final
+
+    def load_latest(self, backends, learners, sampler, env_rng: random.Random) -> int:
+        done = self.list()
+        if not done:
+            return 0
+        path = os.path.join(self.root, done[-1])
+        state = torch.load(os.path.join(path, "state.pt"), weights_only=False)
+        for role, learner in learners.items():
+            src = os.path.join(path, role)
+            if learner.adapter is not None:
+                from peft import set_peft_model_state_dict
+                from peft.utils import load_peft_weights
+
+                sub = os.path.join(src, learner.adapter) if os.path.isdir(os.path.join(src, learner.adapter)) \
+                    else src
+                set_peft_model_state_dict(learner.backend.model, load_peft_weights(sub),
+                                          adapter_name=learner.adapter)
+            else:
+                from transformers import AutoModelForCausalLM
+
+                loaded = AutoModelForCausalLM.from_pretrained(src)
+                learner.backend.model.load_state_dict(loaded.state_dict())
+            learner.load_state_dict(state["learners"][role])
+        sampler.load_state_dict(state["sampler"])
+        env_rng.setstate(state["env_rng"])
+        random.setstate(state["python_rng"])
+        np.random.set_state(state["numpy_rng"])
+        torch.set_rng_state(state["torch_rng"])
+        for k, b in backends.items():
+            if k in state["generators"]:
+                b.generator.set_state(state["generators"][k])
+        return int(state["step"])
+
+

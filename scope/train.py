@@ -1,0 +1,164 @@
+"""The training loop: sample tasks, roll out G dialogues per task, update every trainable role.
+
+    for step in steps:
+        tasks    = sampler.next(n_tasks)
+        jobs     = tasks x G, each role bound to its ModelRef
+        episodes = run_rollouts(jobs)                 # batched across dialogues, token in / token out
+        for role in trainable roles:
+            adv  = group_advantages(episodes, role)   # z-score within each task's group
+            learner[role].update(traces of role, adv)
+        log metrics and rollouts; checkpoint every save_every steps
+"""
+from __future__ import annotations
+
+import random
+import time
+from typing import Callable
+
+import numpy as np
+import torch
+
+from .config import Config
+from .envs import get_env
+from .learner import Learner, LearnerConfig, group_advantages
+from .rollout import Job, run_rollouts
+from .run import Checkpointer, MetricsLogger, RunDir, rollout_records
+from .setup import build_models
+from .types import Episode, SamplingParams, Task
+
+
+class TaskSampler:
+    """Draws tasks without replacement, reshuffling (seeded) at every pass over the task list."""
+
+    def __init__(self, tasks: list[Task], seed: int):
+        if not tasks:
+            raise ValueError("no tasks to train on")
+        self.tasks, self.rng = tasks, random.Random(seed)
+        self.order: list[int] = []
+
+    def next(self, n: int) -> list[Task]:
+        out = []
+        while len(out) < n:
+            if not self.order:
+                self.order = list(range(len(self.tasks)))
+                self.rng.shuffle(self.order)
+            out.append(self.tasks[self.order.pop()])
+        return out
+
+    def state_dict(self):
+        return {"rng": self.rng.getstate(), "order": list(self.order)}
+
+    def load_state_dict(self, sd):
+        self.rng.setstate(sd["rng"])
+        self.order = list(sd["order"])
+
+
+def make_jobs(cfg: Config, tasks: list[Task], refs: dict, step: int, env_rng: random.Random) -> list[Job]:
+    env_cls = get_env(cfg.env.name)
+    jobs, uid = [], 0
+    for ti, task in enumerate(tasks):
+        gid = f"{step}:{ti}:{task.id}"
+        for g in range(cfg.rollout.group_size):
+            env = env_cls(task, random.Random(env_rng.random()), **cfg.env.options)
+            ep = Episode(task_id=task.id, group_id=gid, copy=g)
+            jobs.append(Job(env=env, episode=ep, refs=dict(refs), uid=uid))
+            uid += 1
+    return jobs
+
+
+def sampling_params(cfg: Config) -> dict[str, SamplingParams]:
+    return {r: SamplingParams(temperature=rc.temperature, top_p=rc.top_p, max_new_tokens=rc.max_new_tokens,
+                              stop=tuple(rc.stop)) for r, rc in cfg.roles().items()}
+
+
+def seed_all(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def train(cfg: Config, resume: bool = False, on_step_end: Callable[[int], None] | None = None,
+          log: Callable[[str], None] = print) -> RunDir:
+    run = RunDir(cfg.run.dir, cfg, resume=resume)
+    seed_all(cfg.run.seed)
+    if cfg.run.threads:
+        torch.set_num_threads(cfg.run.threads)
+    t_load = time.time()
+    backends, refs = build_models(cfg)
+    log(f"loaded models {sorted(backends)} in {time.time() - t_load:.1f}s")
+    learners = {}
+    for role, rc in cfg.roles().items():
+        if rc.trainable:
+            ref = refs[role]
+            lc = LearnerConfig(**cfg.train.model_dump(exclude={"steps", "success_threshold"}),
+                               temperature=rc.temperature)
+            learners[role] = Learner(ref.backend, ref.adapter, lc)
+    env_cls = get_env(cfg.env.name)
+    tasks = env_cls.load_tasks(cfg.env.train_split, **cfg.env.options)
+    sampler = TaskSampler(tasks, cfg.run.seed)
+    env_rng = random.Random(cfg.run.seed + 1)
+    ckpt = Checkpointer(run, cfg)
+    start = 0
+    if resume:
+        start = ckpt.load_latest(backends, learners, sampler, env_rng)
+        log(f"resumed from step {start}")
+    metrics_log = MetricsLogger(run, start_step=start)
+    sampling = sampling_params(cfg)
+    log(f"training {list(learners)} on {len(tasks)} {cfg.env.name} tasks ({cfg.env.train_split}); "
+        f"{cfg.rollout.n_tasks} tasks x G={cfg.rollout.group_size} per step; run dir {run.path}")
+    for step in range(start + 1, cfg.train.steps + 1):
+        t0 = time.time()
+        jobs = make_jobs(cfg, sampler.next(cfg.rollout.n_tasks), refs, step, env_rng)
+        progress = (lambda s: log(f"  step {step} {s}")) if cfg.run.progress else None
+        episodes, rstats = run_rollouts(jobs, sampling, max_context=cfg.rollout.max_context,
+                                        end_on_truncation=cfg.rollout.end_on_truncation, progress=progress)
+        t1 = time.time()
+        m: dict[str, float] = {"step": step}
+        m.update(episode_metrics(episodes))
+        for role, learner in learners.items():
+            adv, gstats = group_advantages(episodes, role, cfg.train.success_threshold)
+            for i, ep in enumerate(episodes):
+                ep.meta.setdefault("advantage", {})[role] = adv[i]
+            out = learner.update([ep.traces[role] for ep in episodes], adv)
+            prefix = "" if role == "agent" else f"{role}/"
+            m.update({f"{prefix}{k}": v for k, v in gstats.fractions().items()})
+            m.update({f"{prefix}train/{k}": v for k, v in out.items()})
+            if "entropy" in out:
+                m[f"{prefix}policy_entropy"] = out["entropy"]
+        t2 = time.time()
+        m.update(rollout_seconds=t1 - t0, train_seconds=t2 - t1, step_seconds=t2 - t0,
+                 tokens_generated=rstats.tokens_generated,
+                 tokens_per_second=rstats.tokens_generated / max(t1 - t0, 1e-9))
+        metrics_log.write(step, m)
+        if cfg.run.save_rollouts:
+            run.write_rollouts(step, rollout_records(episodes))
+        log(f"step {step}/{cfg.train.steps} reward {m['reward_mean']:.3f}±{m['reward_std']:.3f} "
+            f"entropy {m.get('policy_entropy', float('nan')):.3f} zero-var {m.get('zero_variance_frac', 0):.2f} "
+            f"turns {m['turns_mean']:.1f} failed {m['failed_episodes']} | rollout {t1 - t0:.1f}s "
+            f"({m['tokens_per_second']:.0f} tok/s) train {t2 - t1:.1f}s")
+        if step % cfg.run.save_every == 0 or step == cfg.train.steps:
+            ckpt.save(step, backends, learners, sampler, env_rng)
+        if on_step_end:
+            on_step_end(step)
+    metrics_log.close()
+    return run
+
+
+def episode_metrics(episodes: list[Episode]) -> dict[str, float]:
+    ok = [e for e in episodes if not e.failed]
+    rewards = [e.rewards.get("agent", 0.0) for e in ok]
+    turns = [sum(e.meta.get("turns", {}).values()) for e in ok]
+    statuses: dict[str, int] = {}
+    for e in episodes:
+        statuses[e.status] = statuses.get(e.status, 0) + 1
+    out = {"reward_mean": float(np.mean(rewards)) if rewards else 0.0,
+           "reward_std": float(np.std(rewards)) if rewards else 0.0,
+           "turns_mean": float(np.mean(turns)) if turns else 0.0,
+           "episodes": len(episodes), "failed_episodes": len(episodes) - len(ok)}
+    for s, n in statuses.items():
+        out[f"status/{s}"] = n / len(episodes)
+    for role in ("agent", "partner"):
+        gen = [e.traces[role].n_generated for e in ok if role in e.traces]
+        if gen:
+            out[f"{role}_tokens_mean"] = float(np.mean(gen))
+    return out

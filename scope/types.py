@@ -1,0 +1,122 @@
+"""The nouns every part of scope shares: tasks, completions, traces and episodes."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class Task:
+    """One scenario of an environment (a persona, a tau2 task, ...)."""
+
+    id: str
+    split: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 0.7
+    top_p: float = 1.0
+    max_new_tokens: int = 128
+    stop: tuple[str, ...] = ()
+
+
+@dataclass
+class Completion:
+    """One generated reply, token in / token out.
+
+    ``token_ids`` are exactly the sampled ids (the end-of-turn token included when the model produced
+    it); ``logprobs[i]`` is the log-probability of ``token_ids[i]`` under the sampling distribution
+    (logits / temperature, before top-p truncation). ``finish_reason`` is ``"eos"`` (the model ended
+    its turn), ``"stop"`` (a stop string was produced) or ``"length"`` (cut off at max_new_tokens).
+    """
+
+    text: str
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    model_id: str = ""
+    model_version: int = 0
+
+
+@dataclass
+class Trace:
+    """What one role saw and produced in one episode, token by token.
+
+    ``mask[i]`` is 1 only on tokens this role's model generated; ``logprobs[i]`` is their sampling
+    log-prob (0.0 elsewhere). ``turn_model[i]`` indexes ``models`` (id, version) for generated tokens
+    and is -1 elsewhere.
+    """
+
+    role: str
+    token_ids: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    turn_model: list[int] = field(default_factory=list)
+    models: list[tuple[str, int]] = field(default_factory=list)
+    covered_text: str = ""  # the chat-template text these tokens spell (for incremental templating)
+    n_turns: int = 0
+
+    def extend_context(self, ids: list[int]) -> None:
+        self.token_ids.extend(ids)
+        self.mask.extend([0] * len(ids))
+        self.logprobs.extend([0.0] * len(ids))
+        self.turn_model.extend([-1] * len(ids))
+
+    def extend_generated(self, ids: list[int], logprobs: list[float], model: tuple[str, int]) -> None:
+        if len(ids) != len(logprobs):
+            raise ValueError(f"{len(ids)} generated ids but {len(logprobs)} log-probs")
+        if model not in self.models:
+            self.models.append(model)
+        k = self.models.index(model)
+        self.token_ids.extend(ids)
+        self.mask.extend([1] * len(ids))
+        self.logprobs.extend(logprobs)
+        self.turn_model.extend([k] * len(ids))
+        self.n_turns += 1
+
+    @property
+    def n_generated(self) -> int:
+        return sum(self.mask)
+
+
+@dataclass
+class Episode:
+    """One dialogue: the shared message list, one Trace per role, rewards and status."""
+
+    task_id: str
+    group_id: str
+    copy: int
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    traces: dict[str, Trace] = field(default_factory=dict)
+    rewards: dict[str, float] = field(default_factory=dict)
+    status: str = "running"  # done | max_turns | context_limit | truncated | failed
+    error: str | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def failed(self) -> bool:
+        return self.status == "failed"
+
+    def summary(self) -> dict[str, Any]:
+        """A person-readable record (no token arrays)."""
+        return {
+            "task_id": self.task_id,
+            "group_id": self.group_id,
+            "copy": self.copy,
+            "status": self.status,
+            "error": self.error,
+            "rewards": self.rewards,
+            "tokens": {r: {"total": len(t.token_ids), "generated": t.n_generated, "turns": t.n_turns}
+                       for r, t in self.traces.items()},
+            "models": {r: [list(m) for m in t.models] for r, t in self.traces.items()},
+            "meta": self.meta,
+            "messages": self.messages,
+        }
+
+
+def to_jsonable(obj: Any) -> Any:
+    if hasattr(obj, "__dataclass_fields__"):
+        return asdict(obj)
+    return obj

@@ -1,0 +1,32 @@
+import os
+import sys
+
+import pytest
+import torch
+
+torch.set_num_threads(2)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARED = os.path.abspath(os.path.join(ROOT, "..", "shared"))
+
+
+@pytest.fixture(scope="session")
+def smol_tokenizer():
+    """The real SmolLM2 tokenizer (from the embedded package; cached on disk after the first load)."""
+    from scope.models.local import load_tokenizer
+
+    return load_tokenizer("smollm2-135m")
+
+
+@pytest.fixture()
+def tiny(smol_tokenizer):
+    """A tiny randomly initialised Llama with SmolLM2's vocabulary and chat template."""
+    from scope.models.local import tiny_backend
+
+    return tiny_backend(smol_tokenizer, seed=0)
+
+
+def shared_path(*parts):
+    p = os.path.join(SHARED, *parts)
+    if not os.path.exists(p):
+        pytest.skip(f"{p} is missing (tests that read ../shared/data skip on machines without it)")
+    return p
