@@ -64,9 +64,9 @@ def _delta(trace: Trace, tokenizer, text: str) -> list[int]:
     return ids
 
 
-def prepare_turn(trace: Trace, tokenizer, view: list[dict[str, str]]) -> list[int]:
-    """Append the new context of ``view`` to ``trace`` and return the full prompt ids."""
-    trace.extend_context(_delta(trace, tokenizer, render(tokenizer, view, True)))
+def prepare_turn(trace: Trace, tokenizer, view: list[dict[str, str]], prefix: str = "") -> list[int]:
+    """Append the new context of ``view`` (and a forced reply ``prefix``) to ``trace``; return the prompt."""
+    trace.extend_context(_delta(trace, tokenizer, render(tokenizer, view, True) + prefix))
     return trace.token_ids
 
 
@@ -86,6 +86,8 @@ def record_reply(trace: Trace, tokenizer, c: Completion, eos_id: int) -> str:
 
 def close_trace(trace: Trace, tokenizer, view: list[dict[str, str]]) -> None:
     """Append the rest of the final conversation (mask 0) so the buffer spells the whole template."""
+    if not trace.token_ids:
+        return
     try:
         trace.extend_context(_delta(trace, tokenizer, render(tokenizer, view, False)))
     except TemplateDrift:
@@ -104,7 +106,7 @@ def run_rollouts(jobs: list[Job], sampling: dict[str, SamplingParams], max_conte
     live = [j for j in jobs if not j.env.done]
     while live:
         stats.rounds += 1
-        pending: dict[int, list[tuple[Job, str, list[int]]]] = {}
+        pending: dict[int, list[tuple[Job, str, list[int], str]]] = {}
         refs: dict[int, Any] = {}
         for j in live:
             role = j.env.next_role()
@@ -114,33 +116,34 @@ def run_rollouts(jobs: list[Job], sampling: dict[str, SamplingParams], max_conte
             ref = j.refs[role]
             tr = j.episode.traces[role]
             try:
-                prompt = prepare_turn(tr, ref.tokenizer, j.env.views[role])
+                prefix = j.env.reply_prefix(role)
+                prompt = prepare_turn(tr, ref.tokenizer, j.env.views[role], prefix)
             except Exception as e:  # a broken template or env: this episode fails, the others go on
                 _fail(j, e)
                 continue
             if len(prompt) + sampling[role].max_new_tokens > max_context:
                 j.env.finish("context_limit")
                 continue
-            pending.setdefault(id(ref), []).append((j, role, prompt))
+            pending.setdefault(id(ref), []).append((j, role, prompt, prefix))
             refs[id(ref)] = ref
         for key, items in pending.items():
             ref = refs[key]
             role = items[0][1]
             sp = sampling[role]
             try:
-                outs = ref.generate([p for _, _, p in items], sp,
-                                    sessions=[(j.uid, r) for j, r, _ in items])
+                outs = ref.generate([p for _, _, p, _ in items], sp,
+                                    sessions=[(j.uid, r) for j, r, _, _ in items])
             except Exception as e:  # the model call failed for all of them
-                for j, _, _ in items:
+                for j, _, _, _ in items:
                     _fail(j, e)
                 continue
             stats.calls += 1
-            for (j, r, _), c in zip(items, outs):
+            for (j, r, _, prefix), c in zip(items, outs):
                 stats.tokens_generated += len(c.token_ids)
                 stats.per_model[c.model_id] = stats.per_model.get(c.model_id, 0) + len(c.token_ids)
                 tr = j.episode.traces[r]
                 try:
-                    text = record_reply(tr, ref.tokenizer, c, ref.eos_id)
+                    text = prefix + record_reply(tr, ref.tokenizer, c, ref.eos_id)
                     j.env.on_reply(r, text)
                 except Exception as e:
                     _fail(j, e)

@@ -65,8 +65,12 @@ class Env:
     def next_role(self) -> str | None:
         raise NotImplementedError
 
+    def reply_prefix(self, role: str) -> str:
+        """Text the env puts at the start of ``role``'s next reply (the model continues it); default none."""
+        return ""
+
     def on_reply(self, role: str, text: str) -> None:
-        """Apply ``role``'s reply (its exact generated text)."""
+        """Apply ``role``'s reply (the forced prefix, if any, followed by its exact generated text)."""
         raise NotImplementedError
 
     def rewards(self) -> dict[str, float]:

@@ -9,6 +9,10 @@ Persona sources:
 - ``builtin``: 36 personas written for this project (``envs/data/p4g_personas.json``), same fields.
 - a directory holding the original ``full_info.csv`` (persuadee rows, B4 == 1).
 
+``force_decision`` (off by default) is for partners too small to use the marker on their own: the
+persuadee's reply to the last agent turn is told the chat ends and is started with ``[DONATE $``,
+so it must state an amount (the number right after the prefix counts even without the ``]``).
+
 Split: the distinct user ids are sorted, shuffled with ``random.Random(split_seed)`` and the first
 ``test_fraction`` of them (rounded up) form the test split; the rest are train. A user who appears
 in several dialogues stays on one side.
@@ -37,7 +41,8 @@ FIELDS = [k for k, _ in BIG5] + MORAL + SCHWARTZ + STYLE + DEMO
 
 BUILTIN = os.path.join(os.path.dirname(__file__), "data", "p4g_personas.json")
 
-_MARKER = re.compile(r"\[\s*DONATE\s*:?\s*\$?\s*(-?\d+(?:\.\d+)?)\s*\$?\s*\]", re.IGNORECASE)
+_MARKER = re.compile(r"\[\s*DONATE\s*:?\s*\$?\s*(-?\d+(?:\.\d+)?)[^\[\]\n]{0,40}\]", re.IGNORECASE)
+_FORCED = re.compile(r"\[DONATE \$\s*(\d+(?:\.\d+)?)")
 _NEGATION = re.compile(r"\b(not|never|no|won'?t|can'?t|cannot|don'?t|didn'?t|wouldn'?t|shouldn'?t|isn'?t|"
                        r"refuse|refusing|decline|declining|unwilling|without)\b", re.IGNORECASE)
 
@@ -162,6 +167,8 @@ PARTNER_PROMPT = (
     "Only write the marker once you have decided."
 )
 OPENING = "[A stranger has joined the chat. You write first.]"
+DECISION_NOTE = "[The chat ends now. Decide how much of your $2 to donate, from 0 to 2 dollars.]"
+DECISION_PREFIX = "[DONATE $"
 
 
 @register_env("p4g")
@@ -169,9 +176,10 @@ class PersuasionForGood(Env):
     roles = ("agent", "partner")
 
     def __init__(self, task: Task, rng: random.Random, max_turns: int = 10, agent_prompt: str = AGENT_PROMPT,
-                 partner_prompt: str = PARTNER_PROMPT, **_: Any):
+                 partner_prompt: str = PARTNER_PROMPT, force_decision: bool = False, **_: Any):
         super().__init__(task, rng)
         self.max_turns = max_turns
+        self.force_decision = force_decision
         self.donation: float | None = None
         self.views["agent"] = [{"role": "system", "content": agent_prompt},
                                {"role": "user", "content": OPENING}]
@@ -184,11 +192,23 @@ class PersuasionForGood(Env):
             return None
         return "agent" if self.turns["agent"] == self.turns["partner"] else "partner"
 
+    def _deciding(self) -> bool:
+        return self.force_decision and self.turns["agent"] >= self.max_turns
+
+    def reply_prefix(self, role: str) -> str:
+        return DECISION_PREFIX if role == "partner" and self._deciding() else ""
+
     def on_reply(self, role: str, text: str) -> None:
         self.turns[role] += 1
         self.say(role, text)
+        if role == "agent" and self._deciding():
+            # the persuadee's last reply must state a decision: tell it so before it reads this message
+            self.views["partner"][-1]["content"] += "\n\n" + DECISION_NOTE
         if role == "partner":
             amount = parse_donation(text)
+            if amount is None and self._deciding():
+                m = _FORCED.match(text)
+                amount = min(max(float(m.group(1)), 0.0), 2.0) if m else None
             if amount is not None:
                 self.donation = amount
                 self.meta["donation"] = amount

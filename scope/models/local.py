@@ -418,12 +418,30 @@ def materialize_embedded(name: str) -> str:
     return out
 
 
-TINY = "tiny-random"  # a tiny randomly initialised Llama with SmolLM2's tokenizer (tests, smoke runs)
+TINY = "tiny-random"  # a tiny randomly initialised Llama over a character vocabulary (tests, smoke runs)
+CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>' + '\\n' }}"
+          "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
+def char_tokenizer():
+    """A character-level tokenizer (printable ASCII + ChatML specials) with a ChatML chat template."""
+    import string
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = [c for c in string.printable if c not in "\x0b\x0c"]
+    specials = ["<unk>", "<pad>", "<|im_start|>", "<|im_end|>"]
+    tk = Tokenizer(models.WordLevel(vocab={t: i for i, t in enumerate(specials + chars)}, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
+    tk.decoder = decoders.Fuse()
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>", pad_token="<pad>", eos_token="<|im_end|>")
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>"]})
+    tok.chat_template = CHATML
+    return tok
 
 
 def resolve_model_path(spec: str) -> str:
-    if spec == TINY:
-        return materialize_embedded("smollm2-135m")  # for the tokenizer
     if spec in EMBEDDED:
         return materialize_embedded(spec)
     if os.path.isdir(spec):
@@ -435,6 +453,8 @@ def resolve_model_path(spec: str) -> str:
 def load_tokenizer(spec: str):
     from transformers import AutoTokenizer
 
+    if spec == TINY:
+        return char_tokenizer()
     tok = AutoTokenizer.from_pretrained(resolve_model_path(spec))
     if tok.chat_template is None:
         raise ValueError(f"tokenizer of {spec!r} has no chat template")
@@ -455,8 +475,12 @@ def load_backend(spec: str, name: str | None = None, seed: int = 0, dtype: str =
 
 
 def tiny_backend(tokenizer, seed: int = 0, hidden: int = 64, layers: int = 2, name: str = "tiny",
-                 heads: int = 4) -> LocalBackend:
-    """A tiny randomly initialised Llama with the given tokenizer's vocabulary (for tests)."""
+                 heads: int = 4, init_std: float = 0.3) -> LocalBackend:
+    """A tiny randomly initialised Llama with the given tokenizer's vocabulary (for tests).
+
+    ``init_std`` is large enough that the untrained model is far from uniform over the 49k-token
+    vocabulary (entropy about 8 nats rather than 10.8), like a real model's peaked distributions.
+    """
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
@@ -464,7 +488,7 @@ def tiny_backend(tokenizer, seed: int = 0, hidden: int = 64, layers: int = 2, na
                       num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
                       max_position_embeddings=4096, tie_word_embeddings=True,
                       eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-                      bos_token_id=tokenizer.bos_token_id)
+                      bos_token_id=tokenizer.bos_token_id, initializer_range=init_std)
     return LocalBackend(LlamaForCausalLM(cfg), tokenizer, name=name, seed=seed)
 
 

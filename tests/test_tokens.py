@@ -1,0 +1,95 @@
+"""Token in, token out: the trace built turn by turn is exactly the chat template of the dialogue."""
+import random
+
+from scope.envs import get_env
+from scope.rollout import Job, run_rollouts
+from scope.types import Episode, SamplingParams
+
+from helpers import ScriptedRef
+
+AGENT = ["Hello! Would you give a little to Save the Children?", "Even $1 feeds a child for a day.",
+         "Thank you, that means a lot."]
+PARTNER = ["Hmm, who are they?", "I'm not sure, money is tight.", "Alright. [DONATE $1.5]"]
+
+
+def run_p4g(tok, agent_replies=AGENT, partner_replies=PARTNER, cut_off=(), max_turns=10):
+    env_cls = get_env("p4g")
+    task = env_cls.load_tasks("train")[0]
+    env = env_cls(task, random.Random(0), max_turns=max_turns)
+    agent = ScriptedRef(tok, agent_replies, "agent", cut_off=cut_off)
+    partner = ScriptedRef(tok, partner_replies, "partner")
+    job = Job(env=env, episode=Episode(task.id, "g", 0), refs={"agent": agent, "partner": partner})
+    sp = {"agent": SamplingParams(max_new_tokens=64), "partner": SamplingParams(max_new_tokens=64)}
+    eps, _ = run_rollouts([job], sp, end_on_truncation=False)
+    return eps[0], env, agent, partner
+
+
+def template_ids(tok, view):
+    return tok(tok.apply_chat_template(view, tokenize=False), add_special_tokens=False)["input_ids"]
+
+
+def test_agent_buffer_equals_chat_template_of_whole_conversation(smol_tokenizer):
+    tok = smol_tokenizer
+    ep, env, agent, partner = run_p4g(tok)
+    assert ep.status == "done" and ep.rewards["agent"] == 0.75
+    for role in ("agent", "partner"):
+        tr = ep.traces[role]
+        assert tr.token_ids == template_ids(tok, env.views[role]), role
+        assert len(tr.mask) == len(tr.logprobs) == len(tr.token_ids)
+
+
+def test_masks_cover_exactly_the_roles_own_tokens(smol_tokenizer):
+    tok = smol_tokenizer
+    ep, env, agent, partner = run_p4g(tok)
+    tr = ep.traces["agent"]
+    own = [t for t, m in zip(tr.token_ids, tr.mask) if m]
+    expected = []
+    for text in AGENT:
+        expected += tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    assert own == expected
+    # every partner reply and the environment's opening message lie in mask-0 spans of the agent trace
+    text_of_mask0 = tok.decode([t for t, m in zip(tr.token_ids, tr.mask) if not m])
+    for text in PARTNER + ["A stranger has joined the chat"]:
+        assert text in text_of_mask0
+    # log-probs are kept only for generated tokens
+    assert all(lp == -0.5 for lp, m in zip(tr.logprobs, tr.mask) if m)
+    assert all(lp == 0.0 for lp, m in zip(tr.logprobs, tr.mask) if not m)
+    # the partner's trace has the mirror image
+    ptr = ep.traces["partner"]
+    pown = tok.decode([t for t, m in zip(ptr.token_ids, ptr.mask) if m])
+    assert all(t in pown for t in PARTNER) and not any(t in pown for t in AGENT)
+
+
+def test_each_prompt_is_the_previous_buffer_extended(smol_tokenizer):
+    """The model is never sent a re-templated conversation: each prompt extends the last one."""
+    ep, env, agent, partner = run_p4g(smol_tokenizer)
+    prompts = [c[0] for c in agent.calls]
+    for a, b in zip(prompts, prompts[1:]):
+        assert b[:len(a)] == a
+
+
+def test_cut_off_turn_is_truncated_and_closed_with_mask_zero(smol_tokenizer):
+    tok = smol_tokenizer
+    ep, env, agent, partner = run_p4g(tok, cut_off={0})
+    tr = ep.traces["agent"]
+    first = tok(AGENT[0], add_special_tokens=False)["input_ids"]
+    # find the first generated span: it is the reply without eos, followed by an eos with mask 0
+    start = tr.mask.index(1)
+    span = tr.token_ids[start:start + len(first)]
+    assert span == first
+    assert tr.token_ids[start + len(first)] == tok.eos_token_id
+    assert tr.mask[start + len(first)] == 0
+    assert tr.token_ids == template_ids(tok, env.views["agent"])
+
+
+def test_cut_off_turn_ends_episode_as_truncated(smol_tokenizer):
+    tok = smol_tokenizer
+    env_cls = get_env("p4g")
+    task = env_cls.load_tasks("train")[0]
+    env = env_cls(task, random.Random(0))
+    job = Job(env=env, episode=Episode(task.id, "g", 0),
+              refs={"agent": ScriptedRef(tok, AGENT, cut_off={1}), "partner": ScriptedRef(tok, PARTNER)})
+    sp = {"agent": SamplingParams(max_new_tokens=64), "partner": SamplingParams(max_new_tokens=64)}
+    eps, _ = run_rollouts([job], sp, end_on_truncation=True)
+    assert eps[0].status == "truncated"
+    assert eps[0].traces["agent"].n_turns == 2
