@@ -1,0 +1,57 @@
+import subprocess
+import sys
+
+import pytest
+
+from scope.config import ConfigError, load_config, parse_config
+
+
+def test_defaults_follow_the_paper():
+    c = parse_config({})
+    assert (c.rollout.n_tasks, c.rollout.group_size) == (16, 8)
+    assert c.agent.temperature == 0.7 and c.train.kl_coef == 0.005 and c.train.lr == 1e-6
+    assert c.env.options.get("max_turns", 10) == 10
+    assert (c.train.eps_low, c.train.eps_high, c.train.grad_clip) == (0.2, 0.28, 1.0)
+    assert c.train.betas == (0.9, 0.98) and c.train.weight_decay == 0.1
+
+
+@pytest.mark.parametrize("data,needle", [
+    ({"train": {"lrr": 1}}, "train.lrr: unknown key"),
+    ({"bogus": 1}, "bogus: unknown key"),
+    ({"rollout": {"group_size": 0}}, "rollout.group_size"),
+    ({"agent": {"temperature": "hot"}}, "agent.temperature"),
+    ({"agent": {"model": "nope"}}, "agent.model: 'nope' is not one of models"),
+    ({"env": {"name": "chess"}}, "unknown environment 'chess'"),
+    ({"models": {"policy": {"finetune": "qlora"}}}, "models.policy.finetune"),
+])
+def test_bad_config_names_the_key(data, needle):
+    with pytest.raises(ConfigError) as e:
+        parse_config(data)
+    assert needle in str(e.value)
+
+
+def test_yaml_and_overrides(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("train:\n  steps: 3\n")
+    c = load_config(str(p), ["train.lr=0.5", "rollout.group_size=2"])
+    assert (c.train.steps, c.train.lr, c.rollout.group_size) == (3, 0.5, 2)
+
+
+def test_shipped_configs_validate():
+    import glob
+    import os
+
+    root = os.path.dirname(os.path.dirname(__file__))
+    files = glob.glob(os.path.join(root, "configs", "*.yaml"))
+    assert files
+    for f in files:
+        load_config(f)
+
+
+def test_cli_reports_bad_key(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("train:\n  stepz: 3\n")
+    r = subprocess.run([sys.executable, "-m", "scope.cli", "train", "--config", str(p)], capture_output=True,
+                       text=True)
+    assert r.returncode == 2
+    assert "train.stepz: unknown key" in r.stderr
