@@ -59,14 +59,25 @@ def _delta(trace: Trace, tokenizer, text: str) -> list[int]:
     if not text.startswith(trace.covered_text):
         raise TemplateDrift(f"role {trace.role!r}: the chat template no longer starts with the text already "
                             f"in the token buffer; refusing to re-tokenise the conversation")
-    ids = encode(tokenizer, text[len(trace.covered_text):])
+    return encode(tokenizer, text[len(trace.covered_text):])
+
+
+def _append(trace: Trace, tokenizer, text: str, limit: int | None = None) -> bool:
+    """Extend ``trace`` so that it spells ``text``; False (and no change) if it would pass ``limit``."""
+    ids = _delta(trace, tokenizer, text)
+    if limit is not None and len(trace.token_ids) + len(ids) > limit:
+        return False
+    trace.extend_context(ids)
     trace.covered_text = text
-    return ids
+    return True
 
 
-def prepare_turn(trace: Trace, tokenizer, view: list[dict[str, str]], prefix: str = "") -> list[int]:
-    """Append the new context of ``view`` (and a forced reply ``prefix``) to ``trace``; return the prompt."""
-    trace.extend_context(_delta(trace, tokenizer, render(tokenizer, view, True) + prefix))
+def prepare_turn(trace: Trace, tokenizer, view: list[dict[str, str]], prefix: str = "",
+                 limit: int | None = None) -> list[int] | None:
+    """Append the new context of ``view`` (and a forced reply ``prefix``) to ``trace``; return the prompt,
+    or None if the prompt would be longer than ``limit``."""
+    if not _append(trace, tokenizer, render(tokenizer, view, True) + prefix, limit):
+        return None
     return trace.token_ids
 
 
@@ -84,12 +95,12 @@ def record_reply(trace: Trace, tokenizer, c: Completion, eos_id: int) -> str:
     return tokenizer.decode(content_ids, skip_special_tokens=False)
 
 
-def close_trace(trace: Trace, tokenizer, view: list[dict[str, str]]) -> None:
+def close_trace(trace: Trace, tokenizer, view: list[dict[str, str]], limit: int | None = None) -> None:
     """Append the rest of the final conversation (mask 0) so the buffer spells the whole template."""
     if not trace.token_ids:
         return
     try:
-        trace.extend_context(_delta(trace, tokenizer, render(tokenizer, view, False)))
+        _append(trace, tokenizer, render(tokenizer, view, False), limit)
     except TemplateDrift:
         pass
 
@@ -117,11 +128,12 @@ def run_rollouts(jobs: list[Job], sampling: dict[str, SamplingParams], max_conte
             tr = j.episode.traces[role]
             try:
                 prefix = j.env.reply_prefix(role)
-                prompt = prepare_turn(tr, ref.tokenizer, j.env.views[role], prefix)
+                prompt = prepare_turn(tr, ref.tokenizer, j.env.views[role], prefix,
+                                      limit=max_context - sampling[role].max_new_tokens)
             except Exception as e:  # a broken template or env: this episode fails, the others go on
                 _fail(j, e)
                 continue
-            if len(prompt) + sampling[role].max_new_tokens > max_context:
+            if prompt is None:
                 j.env.finish("context_limit")
                 continue
             pending.setdefault(id(ref), []).append((j, role, prompt, prefix))
@@ -166,7 +178,7 @@ def run_rollouts(jobs: list[Job], sampling: dict[str, SamplingParams], max_conte
             except Exception as e:
                 _fail(j, e)
             for r, ref in j.refs.items():
-                close_trace(ep.traces[r], ref.tokenizer, j.env.views[r])
+                close_trace(ep.traces[r], ref.tokenizer, j.env.views[r], limit=max_context)
         ep.messages = j.env.transcript
         ep.meta.update(j.env.meta)
         ep.meta["turns"] = dict(j.env.turns)

@@ -42,8 +42,7 @@ def test_run_writes_metrics_rollouts_tensorboard_and_checkpoints(tmp_path):
     assert any(f.startswith("events.out.tfevents") for f in os.listdir(run / "tb"))
     ck = sorted(os.listdir(run / "checkpoints"))
     assert ck == ["step_000001", "step_000002"]
-    assert os.path.exists(run / "checkpoints" / "step_000002" / "agent" / "agent" / "adapter_model.safetensors") or \
-        os.path.exists(run / "checkpoints" / "step_000002" / "agent" / "adapter_model.safetensors")
+    assert os.path.exists(run / "checkpoints" / "step_000002" / "agent" / "agent" / "adapter_model.safetensors")
     assert os.path.exists(run / "checkpoints" / "step_000002" / "state.pt")
     with pytest.raises(FileExistsError):
         train(tiny_cfg(run, steps=2), log=lambda s: None)

@@ -1,0 +1,110 @@
+"""The local backend: batched sampling, log-probs, KV reuse across turns, stop strings, adapters."""
+import os
+import time
+
+import pytest
+import torch
+
+from scope.models.local import load_backend, load_tokenizer, tiny_backend
+from scope.types import SamplingParams
+
+
+@pytest.fixture()
+def b():
+    return tiny_backend(load_tokenizer("tiny-random"), seed=0)
+
+
+def enc(b, msgs, gen=True):
+    tok = b.tokenizer
+    return tok(tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen),
+               add_special_tokens=False)["input_ids"]
+
+
+def teacher_forced_logprobs(b, prompt, out, temperature):
+    with torch.no_grad():
+        lg = b.model(torch.tensor([prompt + out])).logits[0].float() / temperature
+    return torch.log_softmax(lg, -1)[len(prompt) - 1:-1].gather(-1, torch.tensor(out)[:, None])[:, 0]
+
+
+def test_batched_logprobs_match_a_full_forward_also_with_kv_reuse(b):
+    prompts = [enc(b, [{"role": "user", "content": "hi"}]),
+               enc(b, [{"role": "system", "content": "a much longer system prompt"}, {"role": "user", "content": "yo"}])]
+    sp = SamplingParams(temperature=0.9, max_new_tokens=12)
+    outs = b.generate(prompts, sp, sessions=["x", "y"])
+    for p, o in zip(prompts, outs):
+        assert len(o.token_ids) == len(o.logprobs) > 0
+        assert torch.allclose(teacher_forced_logprobs(b, p, o.token_ids, 0.9), torch.tensor(o.logprobs), atol=1e-4)
+    # second turn: the cached key/values of the first call are reused (only the new tokens are prefilled)
+    nxt = [p + o.token_ids + ([b.eos_ids[0]] if o.finish_reason != "eos" else []) + enc(b, [{"role": "user",
+           "content": "more"}])[0:] for p, o in zip(prompts, outs)]
+    assert all(len(b.kv_store[k].ids) < len(n) for k, n in zip(["x", "y"], nxt))
+    outs2 = b.generate(nxt, sp, sessions=["x", "y"])
+    for p, o in zip(nxt, outs2):
+        assert torch.allclose(teacher_forced_logprobs(b, p, o.token_ids, 0.9), torch.tensor(o.logprobs), atol=1e-4)
+
+
+def test_greedy_batch_equals_one_at_a_time(b):
+    prompts = [enc(b, [{"role": "user", "content": t}]) for t in ["a", "hello there", "x y z w"]]
+    sp = SamplingParams(temperature=0.0, max_new_tokens=10)
+    batched = [o.token_ids for o in b.generate(prompts, sp)]
+    single = [b.generate([p], sp)[0].token_ids for p in prompts]
+    assert batched == single
+
+
+def test_finish_reasons_and_stop_strings(b):
+    p = enc(b, [{"role": "user", "content": "hi"}])
+    o = b.generate([p], SamplingParams(temperature=1.0, max_new_tokens=5))[0]
+    assert o.finish_reason in ("length", "eos") and len(o.token_ids) <= 5
+    # a stop string that is the first sampled character stops right there
+    greedy = b.generate([p], SamplingParams(temperature=0.0, max_new_tokens=8))[0]
+    first = b.tokenizer.decode(greedy.token_ids[:1])
+    if greedy.token_ids[0] not in b.eos_ids:
+        o = b.generate([p], SamplingParams(temperature=0.0, max_new_tokens=8, stop=(first,)))[0]
+        assert o.finish_reason == "stop" and o.token_ids == greedy.token_ids[:1]
+
+
+def test_top_p_keeps_only_the_nucleus(b):
+    p = enc(b, [{"role": "user", "content": "hi"}])
+    with torch.no_grad():
+        lg = b.model(torch.tensor([p])).logits[0, -1].float()
+    top = int(lg.argmax())
+    outs = b.generate([p] * 16, SamplingParams(temperature=1.0, top_p=1e-6, max_new_tokens=1))
+    assert all(o.token_ids[0] == top for o in outs)
+
+
+def test_adapters_share_one_base(b):
+    b.add_lora("agent", r=4, alpha=8)
+    b.add_lora("other", r=4, alpha=8)
+    assert b.adapter_names() == ["agent", "other"]
+    with torch.no_grad():
+        for n, prm in b.model.named_parameters():
+            if "lora_B" in n and ".agent." in n:
+                prm.add_(0.5)
+    p = enc(b, [{"role": "user", "content": "hi"}])
+    sp = SamplingParams(temperature=0.0, max_new_tokens=6)
+    base = b.generate([p], sp, adapter=None)[0]
+    other = b.generate([p], sp, adapter="other")[0]
+    agent = b.generate([p], sp, adapter="agent")[0]
+    assert base.token_ids == other.token_ids  # a fresh adapter equals the base
+    assert agent.logprobs != base.logprobs
+    params = b.set_trainable("agent")
+    assert params and all(".agent." in n for n, prm in b.model.named_parameters() if any(prm is q for q in params))
+    with pytest.raises(KeyError, match="no adapter 'missing'"):
+        b.generate([p], sp, adapter="missing")
+
+
+@pytest.mark.slow
+def test_embedded_smollm2_loads_from_its_dequantized_cache():
+    from scope.models.local import cache_root
+
+    t = time.time()
+    eb = load_backend("smollm2-135m")
+    assert os.path.exists(os.path.join(cache_root(), "smollm2-135m", "model.safetensors"))
+    assert getattr(eb.model.config, "quantization_config", None) is None
+    assert eb.tokenizer.chat_template and eb.eos_ids == [eb.tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    tok = eb.tokenizer
+    p = tok(tok.apply_chat_template([{"role": "user", "content": "Say hello."}], tokenize=False,
+                                    add_generation_prompt=True), add_special_tokens=False)["input_ids"]
+    o = eb.generate([p, p], SamplingParams(temperature=0.0, max_new_tokens=8))
+    assert o[0].token_ids == o[1].token_ids and o[0].text.strip()
+    print(f"embedded load + generate: {time.time() - t:.1f}s")

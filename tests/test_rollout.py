@@ -1,0 +1,65 @@
+"""The rollout engine: batching per model, failure isolation, end reasons."""
+import random
+
+from scope.envs import get_env
+from scope.models.local import ModelRef, load_tokenizer, tiny_backend
+from scope.rollout import Job, run_rollouts
+from scope.types import Episode, SamplingParams
+
+from helpers import ScriptedRef
+
+
+def p4g_jobs(refs, n, **opts):
+    env_cls = get_env("p4g")
+    tasks = env_cls.load_tasks("train")
+    return [Job(env=env_cls(tasks[i % len(tasks)], random.Random(i), **opts),
+                episode=Episode(tasks[i % len(tasks)].id, str(i // 2), i % 2), refs=dict(refs), uid=i)
+            for i in range(n)]
+
+
+SP = {"agent": SamplingParams(max_new_tokens=8), "partner": SamplingParams(max_new_tokens=8)}
+
+
+def test_one_batched_call_per_model_per_round(smol_tokenizer):
+    agent = ScriptedRef(smol_tokenizer, ["Please donate."], "agent")
+    partner = ScriptedRef(smol_tokenizer, ["No."], "partner")
+    eps, st = run_rollouts(p4g_jobs({"agent": agent, "partner": partner}, 6, max_turns=3), SP)
+    assert [len(c) for c in agent.calls] == [6, 6, 6] and [len(c) for c in partner.calls] == [6, 6, 6]
+    assert all(e.status == "max_turns" and e.meta["turns"] == {"agent": 3, "partner": 3} for e in eps)
+    assert st.tokens_generated == sum(e.traces["agent"].n_generated + e.traces["partner"].n_generated for e in eps)
+
+
+class Boom(ScriptedRef):
+    def generate(self, prompts, sampling, sessions=None):
+        raise ConnectionError("partner endpoint down")
+
+
+def test_a_failing_model_or_env_fails_only_its_episodes(smol_tokenizer):
+    agent = ScriptedRef(smol_tokenizer, ["Please donate."], "agent")
+    good = ScriptedRef(smol_tokenizer, ["Sure [DONATE $2]"], "good")
+    bad = Boom(smol_tokenizer, ["x"], "bad")
+    jobs = p4g_jobs({"agent": agent, "partner": good}, 4)
+    jobs[1].refs["partner"] = bad
+    orig = jobs[2].env.on_reply
+
+    def broken(role, text):
+        if role == "partner":
+            raise ValueError("malformed reply")
+        orig(role, text)
+
+    jobs[2].env.on_reply = broken
+    eps, _ = run_rollouts(jobs, SP)
+    assert [e.status for e in eps] == ["done", "failed", "failed", "done"]
+    assert "partner endpoint down" in eps[1].error and "malformed reply" in eps[2].error
+    assert eps[0].rewards["agent"] == 1.0
+
+
+def test_context_limit_ends_the_episode():
+    tok = load_tokenizer("tiny-random")
+    b = tiny_backend(tok)
+    ref = ModelRef("tiny", b)
+    eps, _ = run_rollouts(p4g_jobs({"agent": ref, "partner": ref}, 2), SP, max_context=700,
+                          end_on_truncation=False)
+    assert all(e.status == "context_limit" for e in eps)
+    assert all(len(e.traces[r].token_ids) <= 700 for e in eps for r in ("agent", "partner"))
+    assert not b.kv_store  # sessions are dropped when their episodes end
