@@ -108,3 +108,14 @@ def test_embedded_smollm2_loads_from_its_dequantized_cache():
     o = eb.generate([p, p], SamplingParams(temperature=0.0, max_new_tokens=8))
     assert o[0].token_ids == o[1].token_ids and o[0].text.strip()
     print(f"embedded load + generate: {time.time() - t:.1f}s")
+
+
+def test_identical_prompts_share_one_prefill_but_sample_independently(b):
+    p = enc(b, [{"role": "user", "content": "hello"}])
+    q = p[:-1] + [40, 41] + p[-1:]
+    prompts = [p, q, p, p]
+    outs = b.generate(prompts, SamplingParams(temperature=1.0, max_new_tokens=10), sessions=[1, 2, 3, 4])
+    for pr, o in zip(prompts, outs):
+        assert torch.allclose(teacher_forced_logprobs(b, pr, o.token_ids, 1.0), torch.tensor(o.logprobs), atol=1e-4)
+    assert len({tuple(o.token_ids) for o in outs}) == 4
+    assert all(b.kv_store[k].ids[:len(pr)] == pr for k, pr in zip([1, 2, 3, 4], prompts))

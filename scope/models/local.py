@@ -229,6 +229,14 @@ def _decode(model, tokenizer, prompts, sp: SamplingParams, eos_ids, pad_id, gen,
     n = len(prompts)
     if min(len(p) for p in prompts) == 0:
         raise ValueError("empty prompt")
+    # rows with the same prompt and the same cached prefix (e.g. the G copies of a task on their first
+    # turn) are prefilled once and their key/values copied
+    keys = [(tuple(p), id(e) if e is not None else None) for p, e in zip(prompts, reuse)]
+    first: dict[Any, int] = {}
+    uniq = [first.setdefault(k, i) for i, k in enumerate(keys)]
+    rows = sorted(set(uniq))
+    row_of = {r: j for j, r in enumerate(rows)}
+    expand = torch.tensor([row_of[u] for u in uniq], device=device)
     cached = [len(e.ids) if e is not None else 0 for e in reuse]
     C = max(cached)
     deltas = [p[c:] for p, c in zip(prompts, cached)]
@@ -248,11 +256,12 @@ def _decode(model, tokenizer, prompts, sp: SamplingParams, eos_ids, pad_id, gen,
         ex = next(e for e in reuse if e is not None)
         for li, layer in enumerate(cache.layers):
             k0 = ex.layers[li][0]
-            layer._alloc(n, k0.shape[0], k0.shape[2], k0.dtype, device)
-            for i, e in enumerate(reuse):
+            layer._alloc(len(rows), k0.shape[0], k0.shape[2], k0.dtype, device)
+            for j, i in enumerate(rows):
+                e = reuse[i]
                 if e is not None:
-                    layer.slab_k[i, :, C - cached[i]:C] = e.layers[li][0]
-                    layer.slab_v[i, :, C - cached[i]:C] = e.layers[li][1]
+                    layer.slab_k[j, :, C - cached[i]:C] = e.layers[li][0]
+                    layer.slab_v[j, :, C - cached[i]:C] = e.layers[li][1]
             layer.n = C
             layer.keys, layer.values = layer.slab_k[:, :, :C], layer.slab_v[:, :, :C]
     ids, pos = ids.to(device), pos.to(device)
@@ -264,8 +273,12 @@ def _decode(model, tokenizer, prompts, sp: SamplingParams, eos_ids, pad_id, gen,
     alive = list(range(n))  # original row index of each batch row
     stop_window = max((len(s) for s in sp.stop), default=0) + 8
     cur = C + D
-    logits = model(input_ids=ids, attention_mask=att[:, :cur], position_ids=pos, past_key_values=cache,
+    r = torch.tensor(rows, device=device)
+    logits = model(input_ids=ids[r], attention_mask=att[r, :cur], position_ids=pos[r], past_key_values=cache,
                    use_cache=True, logits_to_keep=1).logits[:, -1, :]
+    if len(rows) < n:
+        cache.batch_select_indices(expand)
+        logits = logits[expand]
     next_pos = pos[:, -1] + 1
     for step in range(sp.max_new_tokens):
         tok, lp = _sample(logits.float(), sp, gen)
