@@ -35,6 +35,30 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from .models.local import load_backend
+    from .models.server import make_server
+
+    b = load_backend(args.model, seed=args.seed)
+    if args.adapter:
+        from peft import PeftModel
+
+        b.model = PeftModel.from_pretrained(b.model, args.adapter, adapter_name="served")
+        b.versions["served"] = 0
+    srv = make_server(b, host=args.host, port=args.port, model_name=args.name or args.model,
+                      fail_rate=args.fail_rate, seed=args.seed, max_batch=args.max_batch)
+    if args.adapter:
+        orig = b.generate
+        b.generate = lambda prompts, sp, adapter=None, sessions=None: orig(prompts, sp, "served", sessions)
+    host, port = srv.server_address[:2]
+    print(f"serving {args.model} at http://{host}:{port}/v1 (chat completions)", flush=True)
+    try:
+        srv.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="scope", description="Multi-turn RL for LLM agents against LLM partners.")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -48,6 +72,17 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("config")
     c.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     c.set_defaults(fn=cmd_check)
+    v = sub.add_parser("serve", help="serve a local model as an OpenAI-compatible chat-completions endpoint")
+    v.add_argument("--model", required=True, help="smollm2-135m, tiny-random or a checkpoint directory")
+    v.add_argument("--adapter", help="a PEFT adapter directory to serve on top of the model")
+    v.add_argument("--port", type=int, default=8000)
+    v.add_argument("--host", default="127.0.0.1")
+    v.add_argument("--name", help="the model name the endpoint reports")
+    v.add_argument("--max-batch", type=int, default=32)
+    v.add_argument("--seed", type=int, default=0)
+    v.add_argument("--fail-rate", type=float, default=0.0,
+                   help="answer this share of requests with 503 (fault-injection testing)")
+    v.set_defaults(fn=cmd_serve)
     args = p.parse_args(argv)
     try:
         return args.fn(args)

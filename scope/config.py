@@ -23,23 +23,80 @@ class LoraConfig(Strict):
 
 
 class ModelConfig(Strict):
+    backend: Literal["local", "openai"] = "local"
     path: str = "smollm2-135m"
-    """An embedded model name (smollm2-135m) or a directory with a transformers checkpoint."""
+    """local: an embedded model name (smollm2-135m), tiny-random, or a transformers checkpoint directory."""
     finetune: Literal["lora", "full"] = "lora"
     lora: LoraConfig = LoraConfig()
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     kv_budget_tokens: int = Field(200_000, ge=0)
     """Tokens of per-dialogue key/value cache kept between turns (0 turns reuse off)."""
+    # backend: openai
+    base_url: str | None = None
+    model_name: str | None = None
+    api_key_env: str | None = "OPENAI_API_KEY"
+    timeout: float = Field(60.0, gt=0)
+    concurrency: int = Field(8, ge=1)
+    max_retries: int = Field(4, ge=0)
+    backoff: float = Field(0.5, ge=0)
+    json_schema: bool = False
+    """The endpoint accepts ``response_format`` with a JSON schema (used by Verbalized Sampling)."""
+
+    @model_validator(mode="after")
+    def _openai_fields(self):
+        if self.backend == "openai" and (not self.base_url or not self.model_name):
+            raise ValueError("backend openai needs base_url and model_name")
+        return self
 
 
-class RoleConfig(Strict):
+class VSConfig(Strict):
+    k: int = Field(5, ge=1, le=20)
+    method: Literal["prob", "random"] = "prob"
+    max_reasks: int = Field(2, ge=0)
+    max_new_tokens: int = Field(400, ge=16)
+
+
+class PartnerSpec(Strict):
+    """One way to fill a role: a model, its decoding and sampling, and extra system-prompt text."""
+
     model: str = "policy"
     """A key of ``models``."""
-    trainable: bool = False
+    id: str | None = None
+    """The id recorded in rollouts (default: model name, plus 'vs' for Verbalized Sampling)."""
     temperature: float = Field(0.7, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
     max_new_tokens: int = Field(128, ge=1)
     stop: list[str] = []
+    decoding: Literal["plain", "vs"] = "plain"
+    vs: VSConfig = VSConfig()
+    note: str = ""
+    """Text appended to this role's system prompt (a style or persona instruction)."""
+
+    def spec_id(self) -> str:
+        return self.id or (self.model + ("+vs" if self.decoding == "vs" else ""))
+
+
+class RoleConfig(PartnerSpec):
+    trainable: bool = False
+    source: Literal["single", "rotation", "persona"] = "single"
+    """single: this spec; rotation: the specs in ``rotation``, in a fixed cycle; persona: this spec plus a
+    persona drawn per rollout from ``personas``."""
+    rotation: list[PartnerSpec] = []
+    group_shared: bool = True
+    """rotation/persona: the G rollouts of one task share one partner (homogeneous groups)."""
+    personas: str = "builtin"
+    """persona source: 'builtin' or a JSON file of [{"id": ..., "text": ...}]."""
+
+    @model_validator(mode="after")
+    def _source_fields(self):
+        if self.source == "rotation" and len(self.rotation) < 1:
+            raise ValueError("source rotation needs a non-empty rotation list")
+        if self.trainable and (self.source != "single" or self.decoding != "plain"):
+            raise ValueError("a trainable role must use source single and plain decoding")
+        return self
+
+    def specs(self) -> list[PartnerSpec]:
+        return list(self.rotation) if self.source == "rotation" else [self]
 
 
 class EnvConfig(Strict):
@@ -103,8 +160,13 @@ class Config(Strict):
     def _check_refs(self):
         for role in ("agent", "partner"):
             rc: RoleConfig = getattr(self, role)
-            if rc.model not in self.models:
-                raise ValueError(f"{role}.model: {rc.model!r} is not one of models ({', '.join(self.models)})")
+            for i, spec in enumerate(rc.specs()):
+                where = f"{role}.rotation.{i}.model" if rc.source == "rotation" else f"{role}.model"
+                if spec.model not in self.models:
+                    raise ValueError(f"{where}: {spec.model!r} is not one of models ({', '.join(self.models)})")
+            if rc.trainable and self.models[rc.model].backend != "local":
+                raise ValueError(f"{role}: a trainable role needs a local model, {rc.model!r} is "
+                                 f"{self.models[rc.model].backend}")
         from .envs import get_env
 
         try:

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .envs.base import Env
+from .partners import vs as vs_mod
+from .partners.sources import Binding
 from .types import Completion, Episode, SamplingParams, Trace
 
 
@@ -105,62 +107,74 @@ def close_trace(trace: Trace, tokenizer, view: list[dict[str, str]], limit: int 
         pass
 
 
-def run_rollouts(jobs: list[Job], sampling: dict[str, SamplingParams], max_context: int = 4096,
+def _as_binding(role: str, x: Any, sampling: dict[str, SamplingParams] | None) -> Binding:
+    if isinstance(x, Binding):
+        return x
+    if sampling is None or role not in sampling:
+        raise ValueError(f"role {role!r} is bound to a bare model ref but has no sampling settings")
+    return Binding(id=x.id, ref=x, sampling=sampling[role])
+
+
+def _sp_key(sp: SamplingParams) -> tuple:
+    return (sp.temperature, sp.top_p, sp.max_new_tokens, sp.stop)
+
+
+def run_rollouts(jobs: list[Job], sampling: dict[str, SamplingParams] | None = None, max_context: int = 4096,
                  end_on_truncation: bool = True, progress: Callable[[str], None] | None = None
                  ) -> tuple[list[Episode], RolloutStats]:
+    """Run every job to its end. ``Job.refs[role]`` is a Binding (or a bare model ref, then sampled with
+    ``sampling[role]``). Returns the episodes and throughput statistics."""
     stats = RolloutStats()
     t0 = time.time()
     for j in jobs:
+        j.refs = {r: _as_binding(r, x, sampling) for r, x in j.refs.items()}
         for r in j.env.roles:
             j.episode.traces.setdefault(r, Trace(role=r))
-        j.episode.meta.setdefault("models", {r: ref.id for r, ref in j.refs.items()})
+        for r, b in j.refs.items():
+            if b.note:
+                j.env.add_note(r, b.note)
+        j.episode.meta.setdefault("partner", j.refs["partner"].id if "partner" in j.refs else None)
+        j.episode.meta.setdefault("models", {r: b.id for r, b in j.refs.items()})
     live = [j for j in jobs if not j.env.done]
     while live:
         stats.rounds += 1
-        pending: dict[int, list[tuple[Job, str, list[int], str]]] = {}
-        refs: dict[int, Any] = {}
+        pending: dict[tuple, list[_Req]] = {}
         for j in live:
             role = j.env.next_role()
             if role is None:
                 j.env.finish(j.env.end_reason or "done")
                 continue
-            ref = j.refs[role]
-            tr = j.episode.traces[role]
-            try:
-                prefix = j.env.reply_prefix(role)
-                prompt = prepare_turn(tr, ref.tokenizer, j.env.views[role], prefix,
-                                      limit=max_context - sampling[role].max_new_tokens)
-            except Exception as e:  # a broken template or env: this episode fails, the others go on
-                _fail(j, e)
-                continue
-            if prompt is None:
-                j.env.finish("context_limit")
-                continue
-            pending.setdefault(id(ref), []).append((j, role, prompt, prefix))
-            refs[id(ref)] = ref
-        for key, items in pending.items():
-            ref = refs[key]
-            role = items[0][1]
-            sp = sampling[role]
-            try:
-                outs = ref.generate([p for _, _, p, _ in items], sp,
-                                    sessions=[(j.uid, r) for j, r, _, _ in items])
-            except Exception as e:  # the model call failed for all of them
-                for j, _, _, _ in items:
-                    _fail(j, e)
-                continue
-            stats.calls += 1
-            for (j, r, _, prefix), c in zip(items, outs):
-                stats.tokens_generated += len(c.token_ids)
-                stats.per_model[c.model_id] = stats.per_model.get(c.model_id, 0) + len(c.token_ids)
-                tr = j.episode.traces[r]
+            b = j.refs[role]
+            mode = "vs" if b.vs is not None else ("chat" if getattr(b.ref, "chat", False) else "tokens")
+            req = _Req(j, role, b, mode)
+            if mode == "tokens":
                 try:
-                    text = prefix + record_reply(tr, ref.tokenizer, c, ref.eos_id)
-                    j.env.on_reply(r, text)
+                    req.prefix = j.env.reply_prefix(role)
+                    req.prompt = prepare_turn(j.episode.traces[role], b.ref.tokenizer, j.env.views[role],
+                                              req.prefix, limit=max_context - b.sampling.max_new_tokens)
+                except Exception as e:  # a broken template or env: this episode fails, the others go on
+                    _fail(j, e)
+                    continue
+                if req.prompt is None:
+                    j.env.finish("context_limit")
+                    continue
+            pending.setdefault((id(b.ref), _sp_key(b.sampling), mode), []).append(req)
+        for (_, _, mode), items in pending.items():
+            if mode == "tokens":
+                _run_token_requests(items, stats)
+            else:
+                _run_text_requests(items, stats, vs=(mode == "vs"))
+            for req in items:
+                j = req.job
+                if req.error is not None:
+                    _fail(j, req.error)
+                    continue
+                try:
+                    j.env.on_reply(req.role, req.text)
                 except Exception as e:
                     _fail(j, e)
                     continue
-                if c.finish_reason == "length" and end_on_truncation and not j.env.done:
+                if req.finish_reason == "length" and end_on_truncation and not j.env.done:
                     j.env.finish("truncated")
         live = [j for j in live if not j.env.done and j.episode.status != "failed"]
         if progress:
@@ -169,22 +183,144 @@ def run_rollouts(jobs: list[Job], sampling: dict[str, SamplingParams], max_conte
     episodes = []
     for j in jobs:
         ep = j.episode
-        for r, ref in j.refs.items():
-            ref.drop_sessions([(j.uid, r)])
+        for r, b in j.refs.items():
+            b.ref.drop_sessions([(j.uid, r)])
         if ep.status != "failed":
             ep.status = j.env.end_reason or "done"
             try:
                 ep.rewards = {k: float(v) for k, v in j.env.rewards().items()}
             except Exception as e:
                 _fail(j, e)
-            for r, ref in j.refs.items():
-                close_trace(ep.traces[r], ref.tokenizer, j.env.views[r], limit=max_context)
+            for r, b in j.refs.items():
+                if hasattr(b.ref, "tokenizer"):
+                    close_trace(ep.traces[r], b.ref.tokenizer, j.env.views[r], limit=max_context)
         ep.messages = j.env.transcript
         ep.meta.update(j.env.meta)
         ep.meta["turns"] = dict(j.env.turns)
         episodes.append(ep)
     stats.seconds = time.time() - t0
     return episodes, stats
+
+
+@dataclass
+class _Req:
+    job: Job
+    role: str
+    binding: Binding
+    mode: str
+    prompt: list[int] | None = None
+    prefix: str = ""
+    text: str = ""
+    finish_reason: str = "eos"
+    error: BaseException | None = None
+
+
+def _count(stats: RolloutStats, model_id: str, n: int) -> None:
+    stats.tokens_generated += n
+    stats.per_model[model_id] = stats.per_model.get(model_id, 0) + n
+
+
+def _run_token_requests(items: list[_Req], stats: RolloutStats) -> None:
+    """Local model, plain decoding: extend each role's token buffer with exactly what was sampled."""
+    b = items[0].binding
+    try:
+        outs = b.ref.generate([r.prompt for r in items], b.sampling,
+                              sessions=[(r.job.uid, r.role) for r in items])
+    except Exception as e:  # the model call failed for all of them
+        for r in items:
+            r.error = e
+        return
+    stats.calls += 1
+    for r, c in zip(items, outs):
+        _count(stats, c.model_id, len(c.token_ids))
+        try:
+            r.text = r.prefix + record_reply(r.job.episode.traces[r.role], b.ref.tokenizer, c, b.ref.eos_id)
+            r.finish_reason = c.finish_reason
+        except Exception as e:
+            r.error = e
+
+
+def _chat(ref: Any, convs: list[list[dict[str, str]]], sp: SamplingParams, response_format=None
+          ) -> list[Completion | BaseException]:
+    """One batched text call to either kind of model (a local one renders and tokenises afresh)."""
+    if getattr(ref, "chat", False):
+        return ref.chat_generate(convs, sp, response_format=response_format)
+    tok = ref.tokenizer
+    try:
+        prompts = [encode(tok, render(tok, c, True)) for c in convs]
+        return list(ref.generate(prompts, sp))
+    except Exception as e:
+        return [e] * len(convs)
+
+
+def _with_instruction(view: list[dict[str, str]], text: str) -> list[dict[str, str]]:
+    msgs = [dict(m) for m in view]
+    if msgs and msgs[-1]["role"] == "user":
+        msgs[-1]["content"] = msgs[-1]["content"] + "\n\n" + text
+    else:
+        msgs.append({"role": "user", "content": text})
+    return msgs
+
+
+def _run_text_requests(items: list[_Req], stats: RolloutStats, vs: bool) -> None:
+    """Endpoint partners and Verbalized Sampling: text in, text out, nothing trained on these turns."""
+    b = items[0].binding
+    for r in items:
+        r.job.episode.traces[r.role].n_turns += 1
+    if not vs:
+        outs = _chat(b.ref, [r.job.env.views[r.role] for r in items], b.sampling)
+        stats.calls += 1
+        for r, c in zip(items, outs):
+            if isinstance(c, BaseException):
+                r.error = c
+            else:
+                r.text, r.finish_reason = c.text, c.finish_reason
+                _count(stats, c.model_id or b.id, len(c.token_ids))
+        return
+    cfg = b.vs
+    instr = vs_mod.instruction(cfg.k, cfg.method)
+    rf = ({"type": "json_schema", "json_schema": vs_mod.json_schema(cfg.k, cfg.method)}
+          if getattr(b.ref, "json_schema", False) else None)
+    vs_sp = SamplingParams(temperature=b.sampling.temperature, top_p=b.sampling.top_p,
+                           max_new_tokens=cfg.max_new_tokens)
+    records = {id(r): {"attempts": 0, "errors": []} for r in items}
+    todo = list(items)
+    for _attempt in range(1 + cfg.max_reasks):
+        if not todo:
+            break
+        outs = _chat(b.ref, [_with_instruction(r.job.env.views[r.role], instr) for r in todo], vs_sp, rf)
+        stats.calls += 1
+        again = []
+        for r, c in zip(todo, outs):
+            rec = records[id(r)]
+            rec["attempts"] += 1
+            if isinstance(c, BaseException):
+                rec["errors"].append(f"{type(c).__name__}: {c}")
+                again.append(r)
+                continue
+            _count(stats, c.model_id or b.id, len(c.token_ids))
+            parsed = vs_mod.parse(c.text, cfg.k, cfg.method)
+            if not parsed.ok:
+                rec["errors"].append(parsed.error)
+                again.append(r)
+                continue
+            idx = vs_mod.draw(parsed, r.job.env.rng)
+            rec.update(candidates=parsed.texts, probs=parsed.probs, index=idx, fallback=False)
+            r.text = parsed.texts[idx]
+        todo = again
+    if todo:  # plain reply as the fallback
+        outs = _chat(b.ref, [r.job.env.views[r.role] for r in todo], b.sampling)
+        stats.calls += 1
+        for r, c in zip(todo, outs):
+            rec = records[id(r)]
+            rec.update(candidates=[], probs=[], index=None, fallback=True)
+            if isinstance(c, BaseException):
+                r.error = c
+            else:
+                r.text, r.finish_reason = c.text, c.finish_reason
+                _count(stats, c.model_id or b.id, len(c.token_ids))
+    for r in items:
+        r.job.episode.meta.setdefault("vs", []).append({"role": r.role, **records[id(r)]})
 
 
 def _fail(j: Job, e: BaseException) -> None:

@@ -104,7 +104,7 @@ class Checkpointer:
         return sorted(d for d in os.listdir(self.root) if d.startswith("step_") and
                       os.path.exists(os.path.join(self.root, d, "state.pt")))
 
-    def save(self, step: int, backends, learners, sampler, env_rng: random.Random) -> str:
+    def save(self, step: int, backends, learners, sampler, env_rng: random.Random, sources=None) -> str:
         final = os.path.join(self.root, f"step_{step:06d}")
         tmp = final + ".tmp"
         shutil.rmtree(tmp, ignore_errors=True)
@@ -126,6 +126,7 @@ class Checkpointer:
             "numpy_rng": np.random.get_state(),
             "torch_rng": torch.get_rng_state(),
             "generators": {k: b.generator.get_state() for k, b in backends.items()},
+            "sources": {r: s.state_dict() for r, s in (sources or {}).items()},
         }
         torch.save(state, os.path.join(tmp, "state.pt"))
         with open(os.path.join(tmp, "config.yaml"), "w") as f:
@@ -137,7 +138,7 @@ class Checkpointer:
             shutil.rmtree(os.path.join(self.root, old), ignore_errors=True)
         return final
 
-    def load_latest(self, backends, learners, sampler, env_rng: random.Random) -> int:
+    def load_latest(self, backends, learners, sampler, env_rng: random.Random, sources=None) -> int:
         done = self.list()
         if not done:
             return 0
@@ -167,6 +168,9 @@ class Checkpointer:
         for k, b in backends.items():
             if k in state["generators"]:
                 b.generator.set_state(state["generators"][k])
+        for r, src in (sources or {}).items():
+            if r in state.get("sources", {}):
+                src.load_state_dict(state["sources"][r])
         return int(state["step"])
 
 

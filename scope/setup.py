@@ -1,18 +1,22 @@
-"""Turn a config into loaded backends and one ModelRef per role.
+"""Turn a config into loaded backends, model references and one partner source per role.
 
-Roles that name the same model share one base in memory: a trainable role gets its own LoRA adapter
-(named after the role), a frozen role uses the base weights. With full fine-tuning, a frozen role
-on the same model gets its own copy, since the trained weights would otherwise move under it.
+Roles that name the same local model share one base in memory: a trainable role gets its own LoRA
+adapter (named after the role), a frozen role uses the base weights. With full fine-tuning, frozen
+users of the same model get their own copy, since the trained weights would otherwise move under
+them. ``backend: openai`` models become OpenAI-compatible clients.
 """
 from __future__ import annotations
 
+from typing import Any
+
 from .config import Config
 from .models.local import LocalBackend, ModelRef, load_backend
+from .partners.sources import build_sources
 
 
-def build_models(cfg: Config) -> tuple[dict[str, LocalBackend], dict[str, ModelRef]]:
+def build_models(cfg: Config) -> tuple[dict[str, LocalBackend], dict[str, Any], dict[str, Any]]:
+    """Return (backends, sources per role, trainable ModelRef per role)."""
     backends: dict[str, LocalBackend] = {}
-    refs: dict[str, ModelRef] = {}
 
     def backend(key: str, model_name: str) -> LocalBackend:
         if key not in backends:
@@ -22,18 +26,37 @@ def build_models(cfg: Config) -> tuple[dict[str, LocalBackend], dict[str, ModelR
             backends[key] = b
         return backends[key]
 
-    full_trained = {rc.model for rc in cfg.roles().values() if rc.trainable
-                    and cfg.models[rc.model].finetune == "full"}
+    trainable: dict[str, ModelRef] = {}
+    full_trained = set()
     for role, rc in cfg.roles().items():
+        if not rc.trainable:
+            continue
         mc = cfg.models[rc.model]
-        if rc.trainable and mc.finetune == "lora":
-            b = backend(rc.model, rc.model)
+        b = backend(rc.model, rc.model)
+        if mc.finetune == "lora":
             b.add_lora(role, r=mc.lora.r, alpha=mc.lora.alpha, dropout=mc.lora.dropout,
                        target_modules=mc.lora.target_modules)
-            refs[role] = ModelRef(id=f"{rc.model}:{role}", backend=b, adapter=role, trainable=True)
-        elif rc.trainable:
-            refs[role] = ModelRef(id=f"{rc.model}:{role}", backend=backend(rc.model, rc.model), trainable=True)
+            trainable[role] = ModelRef(id=f"{rc.model}:{role}", backend=b, adapter=role, trainable=True)
         else:
-            key = f"{rc.model}#frozen" if rc.model in full_trained else rc.model
-            refs[role] = ModelRef(id=f"{rc.model}:base", backend=backend(key, rc.model), trainable=False)
-    return backends, refs
+            full_trained.add(rc.model)
+            trainable[role] = ModelRef(id=f"{rc.model}:{role}", backend=b, trainable=True)
+    frozen: dict[str, Any] = {}
+    for role, rc in cfg.roles().items():
+        if rc.trainable:
+            continue
+        for spec in rc.specs():
+            name = spec.model
+            if name in frozen:
+                continue
+            mc = cfg.models[name]
+            if mc.backend == "openai":
+                from .models.openai_backend import OpenAIRef
+
+                frozen[name] = OpenAIRef(id=name, base_url=mc.base_url, model=mc.model_name,
+                                         api_key_env=mc.api_key_env, timeout=mc.timeout, concurrency=mc.concurrency,
+                                         max_retries=mc.max_retries, backoff=mc.backoff, json_schema=mc.json_schema,
+                                         seed=cfg.run.seed)
+            else:
+                key = f"{name}#frozen" if name in full_trained else name
+                frozen[name] = ModelRef(id=f"{name}:base", backend=backend(key, name), trainable=False)
+    return backends, build_sources(cfg, frozen, trainable), trainable

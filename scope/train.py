@@ -24,7 +24,7 @@ from .learner import Learner, LearnerConfig, group_advantages
 from .rollout import Job, run_rollouts
 from .run import Checkpointer, MetricsLogger, RunDir, rollout_records
 from .setup import build_models
-from .types import Episode, SamplingParams, Task
+from .types import Episode, Task
 
 
 class TaskSampler:
@@ -53,7 +53,8 @@ class TaskSampler:
         self.order = list(sd["order"])
 
 
-def make_jobs(cfg: Config, tasks: list[Task], refs: dict, step: int, env_rng: random.Random) -> list[Job]:
+def make_jobs(cfg: Config, tasks: list[Task], sources: dict, step: int, env_rng: random.Random) -> list[Job]:
+    """G copies of each task; every role's source binds who plays it in each copy."""
     env_cls = get_env(cfg.env.name)
     jobs, uid = [], 0
     for ti, task in enumerate(tasks):
@@ -61,14 +62,10 @@ def make_jobs(cfg: Config, tasks: list[Task], refs: dict, step: int, env_rng: ra
         for g in range(cfg.rollout.group_size):
             env = env_cls(task, random.Random(env_rng.random()), **cfg.env.options)
             ep = Episode(task_id=task.id, group_id=gid, copy=g)
-            jobs.append(Job(env=env, episode=ep, refs=dict(refs), uid=uid))
+            bindings = {role: src.assign(task, ti, g) for role, src in sources.items()}
+            jobs.append(Job(env=env, episode=ep, refs=bindings, uid=uid))
             uid += 1
     return jobs
-
-
-def sampling_params(cfg: Config) -> dict[str, SamplingParams]:
-    return {r: SamplingParams(temperature=rc.temperature, top_p=rc.top_p, max_new_tokens=rc.max_new_tokens,
-                              stop=tuple(rc.stop)) for r, rc in cfg.roles().items()}
 
 
 def seed_all(seed: int) -> None:
@@ -84,12 +81,12 @@ def train(cfg: Config, resume: bool = False, on_step_end: Callable[[int], None] 
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
     t_load = time.time()
-    backends, refs = build_models(cfg)
+    backends, sources, trainable = build_models(cfg)
     log(f"loaded models {sorted(backends)} in {time.time() - t_load:.1f}s")
     learners = {}
     for role, rc in cfg.roles().items():
         if rc.trainable:
-            ref = refs[role]
+            ref = trainable[role]
             lc = LearnerConfig(**cfg.train.model_dump(exclude={"steps", "success_threshold"}),
                                temperature=rc.temperature)
             learners[role] = Learner(ref.backend, ref.adapter, lc)
@@ -100,17 +97,16 @@ def train(cfg: Config, resume: bool = False, on_step_end: Callable[[int], None] 
     ckpt = Checkpointer(run, cfg)
     start = 0
     if resume:
-        start = ckpt.load_latest(backends, learners, sampler, env_rng)
+        start = ckpt.load_latest(backends, learners, sampler, env_rng, sources)
         log(f"resumed from step {start}")
     metrics_log = MetricsLogger(run, start_step=start)
-    sampling = sampling_params(cfg)
     log(f"training {list(learners)} on {len(tasks)} {cfg.env.name} tasks ({cfg.env.train_split}); "
         f"{cfg.rollout.n_tasks} tasks x G={cfg.rollout.group_size} per step; run dir {run.path}")
     for step in range(start + 1, cfg.train.steps + 1):
         t0 = time.time()
-        jobs = make_jobs(cfg, sampler.next(cfg.rollout.n_tasks), refs, step, env_rng)
+        jobs = make_jobs(cfg, sampler.next(cfg.rollout.n_tasks), sources, step, env_rng)
         progress = (lambda s: log(f"  step {step} {s}")) if cfg.run.progress else None
-        episodes, rstats = run_rollouts(jobs, sampling, max_context=cfg.rollout.max_context,
+        episodes, rstats = run_rollouts(jobs, max_context=cfg.rollout.max_context,
                                         end_on_truncation=cfg.rollout.end_on_truncation, progress=progress)
         t1 = time.time()
         m: dict[str, float] = {"step": step}
@@ -137,7 +133,7 @@ def train(cfg: Config, resume: bool = False, on_step_end: Callable[[int], None] 
             f"turns {m['turns_mean']:.1f} failed {m['failed_episodes']} | rollout {t1 - t0:.1f}s "
             f"({m['tokens_per_second']:.0f} tok/s) train {t2 - t1:.1f}s")
         if step % cfg.run.save_every == 0 or step == cfg.train.steps:
-            ckpt.save(step, backends, learners, sampler, env_rng)
+            ckpt.save(step, backends, learners, sampler, env_rng, sources)
         if on_step_end:
             on_step_end(step)
     metrics_log.close()
@@ -161,4 +157,8 @@ def episode_metrics(episodes: list[Episode]) -> dict[str, float]:
         gen = [e.traces[role].n_generated for e in ok if role in e.traces]
         if gen:
             out[f"{role}_tokens_mean"] = float(np.mean(gen))
+    vs = [v for e in episodes for v in e.meta.get("vs", [])]
+    if vs:
+        out["vs/fallback_frac"] = sum(v.get("fallback", False) for v in vs) / len(vs)
+        out["vs/reasks_mean"] = float(np.mean([v["attempts"] - 1 for v in vs]))
     return out

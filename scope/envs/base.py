@@ -58,6 +58,14 @@ class Env:
             self.views[r].append({"role": "user", "content": text})
         self.transcript.append({"role": speaker, "content": text})
 
+    def add_note(self, role: str, text: str) -> None:
+        """Append ``text`` to ``role``'s system prompt (before the dialogue starts)."""
+        view = self.views[role]
+        if view and view[0]["role"] == "system":
+            view[0] = {"role": "system", "content": view[0]["content"] + "\n\n" + text}
+        else:
+            view.insert(0, {"role": "system", "content": text})
+
     def finish(self, reason: str) -> None:
         self.done, self.end_reason = True, reason
 

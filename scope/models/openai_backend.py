@@ -1,0 +1,104 @@
+"""Model backend ``openai``: any OpenAI-compatible chat-completions endpoint, through the official client.
+
+Requests of one batch run concurrently (at most ``concurrency`` at a time). A request that meets a
+429, a 5xx, a timeout or a connection error is retried with exponential backoff
+(``backoff * 2**attempt`` seconds, with jitter) up to ``max_retries`` times; after that, or on any
+other error, the request's slot in the result holds the exception, and the rollout engine records
+that episode as failed. The other requests of the batch are unaffected.
+"""
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..types import Completion, SamplingParams
+
+
+@dataclass
+class OpenAIStats:
+    requests: int = 0
+    retries: int = 0
+    failures: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, **kw: int) -> None:
+        with self.lock:
+            for k, v in kw.items():
+                setattr(self, k, getattr(self, k) + v)
+
+
+class OpenAIRef:
+    """A partner served by an OpenAI-compatible endpoint (frozen: it has no token ids to train on)."""
+
+    chat = True
+    trainable = False
+    version = 0
+
+    def __init__(self, id: str, base_url: str, model: str, api_key_env: str | None = "OPENAI_API_KEY",
+                 timeout: float = 60.0, concurrency: int = 8, max_retries: int = 4, backoff: float = 0.5,
+                 json_schema: bool = False, seed: int = 0):
+        import openai
+
+        key = os.environ.get(api_key_env, "") if api_key_env else ""
+        self.id, self.model, self.json_schema = id, model, json_schema
+        self.max_retries, self.backoff, self.concurrency = max_retries, backoff, concurrency
+        self.client = openai.OpenAI(base_url=base_url, api_key=key or "EMPTY", timeout=timeout, max_retries=0)
+        self.stats = OpenAIStats()
+        self._rng = random.Random(seed)
+        self._retryable = (openai.RateLimitError, openai.InternalServerError, openai.APITimeoutError,
+                           openai.APIConnectionError)
+        self._status_error = openai.APIStatusError
+
+    def drop_sessions(self, keys) -> None:
+        pass
+
+    def _is_retryable(self, e: BaseException) -> bool:
+        if isinstance(e, self._retryable):
+            return True
+        return isinstance(e, self._status_error) and getattr(e, "status_code", 0) in (408, 409, 429) or \
+            (isinstance(e, self._status_error) and getattr(e, "status_code", 0) >= 500)
+
+    def _one(self, messages: list[dict[str, str]], sp: SamplingParams,
+             response_format: dict[str, Any] | None) -> Completion:
+        kw: dict[str, Any] = dict(model=self.model, messages=messages, temperature=sp.temperature,
+                                  max_tokens=sp.max_new_tokens)
+        if sp.top_p < 1.0:
+            kw["top_p"] = sp.top_p
+        if sp.stop:
+            kw["stop"] = list(sp.stop)
+        if response_format is not None:
+            kw["response_format"] = response_format
+        attempt = 0
+        while True:
+            self.stats.add(requests=1)
+            try:
+                r = self.client.chat.completions.create(**kw)
+                choice = r.choices[0]
+                text = choice.message.content or ""
+                reason = {"stop": "eos", "length": "length"}.get(choice.finish_reason or "stop", "eos")
+                return Completion(text=text, token_ids=[], logprobs=[], finish_reason=reason, model_id=self.id)
+            except Exception as e:  # noqa: BLE001
+                if attempt >= self.max_retries or not self._is_retryable(e):
+                    self.stats.add(failures=1)
+                    raise
+                self.stats.add(retries=1)
+                time.sleep(self.backoff * (2 ** attempt) * (0.5 + self._rng.random()))
+                attempt += 1
+
+    def chat_generate(self, conversations: list[list[dict[str, str]]], sampling: SamplingParams,
+                      response_format: dict[str, Any] | None = None) -> list[Completion | BaseException]:
+        def run(msgs):
+            try:
+                return self._one(msgs, sampling, response_format)
+            except Exception as e:  # noqa: BLE001 - returned, not raised: one failure fails one episode
+                return e
+
+        if len(conversations) == 1:
+            return [run(conversations[0])]
+        with ThreadPoolExecutor(max_workers=max(1, min(self.concurrency, len(conversations)))) as ex:
+            return list(ex.map(run, conversations))

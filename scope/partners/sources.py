@@ -1,0 +1,128 @@
+"""Partner supply: each source hands out one Binding per rollout.
+
+A Binding is what fills a role in one episode: a model reference, sampling settings, a decoding
+strategy (plain or Verbalized Sampling) and extra system-prompt text. Frozen single partners,
+rotation over K partners, persona-conditioned partners and a trainable agent are all Bindings from
+one of these sources; the rollout engine treats them alike.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from ..config import Config, PartnerSpec, RoleConfig, VSConfig
+from ..types import SamplingParams, Task
+
+BUILTIN_PERSONAS = os.path.join(os.path.dirname(__file__), "data", "partner_personas.json")
+
+
+@dataclass
+class Binding:
+    id: str
+    ref: Any
+    sampling: SamplingParams
+    vs: VSConfig | None = None
+    note: str = ""
+
+
+def spec_sampling(spec: PartnerSpec) -> SamplingParams:
+    return SamplingParams(temperature=spec.temperature, top_p=spec.top_p, max_new_tokens=spec.max_new_tokens,
+                          stop=tuple(spec.stop))
+
+
+def spec_binding(spec: PartnerSpec, ref: Any) -> Binding:
+    return Binding(id=spec.spec_id(), ref=ref, sampling=spec_sampling(spec),
+                   vs=spec.vs if spec.decoding == "vs" else None, note=spec.note)
+
+
+class SingleSource:
+    def __init__(self, binding: Binding):
+        self.binding = binding
+
+    def assign(self, task: Task, task_index: int, copy: int) -> Binding:
+        return self.binding
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        pass
+
+
+class RotationSource:
+    """K partners in a fixed cycle: per task (``group_shared``: the G copies share one) or per rollout."""
+
+    def __init__(self, bindings: list[Binding], group_shared: bool = True):
+        self.bindings, self.group_shared = bindings, group_shared
+        self.counter = 0
+
+    def assign(self, task: Task, task_index: int, copy: int) -> Binding:
+        if self.group_shared:
+            if copy == 0:
+                self.counter += 1
+            return self.bindings[(self.counter - 1) % len(self.bindings)]
+        self.counter += 1
+        return self.bindings[(self.counter - 1) % len(self.bindings)]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"counter": self.counter}
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        self.counter = sd["counter"]
+
+
+def load_personas(spec: str) -> list[dict[str, str]]:
+    path = BUILTIN_PERSONAS if spec == "builtin" else spec
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"persona pool {path!r} not found")
+    with open(path) as f:
+        data = json.load(f)
+    if not isinstance(data, list) or not data or not all(isinstance(p, dict) and p.get("id") and p.get("text")
+                                                         for p in data):
+        raise ValueError(f"persona pool {path}: expected a non-empty list of {{id, text}} objects")
+    return data
+
+
+class PersonaSource:
+    """One partner spec plus a persona drawn uniformly per rollout (or per task with ``group_shared``)."""
+
+    def __init__(self, base: Binding, personas: list[dict[str, str]], seed: int, group_shared: bool = False):
+        self.base, self.personas, self.group_shared = base, personas, group_shared
+        self.rng = random.Random(seed)
+        self.current: dict[str, str] | None = None
+
+    def assign(self, task: Task, task_index: int, copy: int) -> Binding:
+        if not self.group_shared or copy == 0 or self.current is None:
+            self.current = self.personas[self.rng.randrange(len(self.personas))]
+        p = self.current
+        note = (self.base.note + "\n" if self.base.note else "") + p["text"]
+        return Binding(id=f"{self.base.id}/{p['id']}", ref=self.base.ref, sampling=self.base.sampling,
+                       vs=self.base.vs, note=note)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rng": self.rng.getstate(), "current": self.current}
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        self.rng.setstate(sd["rng"])
+        self.current = sd["current"]
+
+
+def build_sources(cfg: Config, frozen_refs: dict[str, Any], trainable_refs: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for role, rc in cfg.roles().items():
+        rc: RoleConfig
+        if rc.trainable:
+            out[role] = SingleSource(spec_binding(rc, trainable_refs[role]))
+            continue
+        bindings = [spec_binding(s, frozen_refs[s.model]) for s in rc.specs()]
+        if rc.source == "rotation":
+            out[role] = RotationSource(bindings, group_shared=rc.group_shared)
+        elif rc.source == "persona":
+            out[role] = PersonaSource(bindings[0], load_personas(rc.personas), seed=cfg.run.seed + 7,
+                                      group_shared=rc.group_shared)
+        else:
+            out[role] = SingleSource(bindings[0])
+    return out

@@ -1,0 +1,233 @@
+"""Partner supply: sources, the openai backend against `scope serve`, faults, Verbalized Sampling."""
+import json
+import math
+import os
+import random
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from scope.config import parse_config
+from scope.envs import get_env
+from scope.models.local import load_tokenizer, tiny_backend
+from scope.models.openai_backend import OpenAIRef
+from scope.models.server import serve_in_thread
+from scope.partners.sources import Binding, PersonaSource, RotationSource, load_personas
+from scope.rollout import Job, run_rollouts
+from scope.run import read_metrics
+from scope.train import train
+from scope.types import Completion, Episode, SamplingParams, Task
+
+from helpers import ScriptedRef
+
+SP = SamplingParams(max_new_tokens=8)
+
+
+def bindings(k):
+    return [Binding(id=f"p{i}", ref=None, sampling=SP) for i in range(k)]
+
+
+def test_rotation_fixed_cycle_shared_or_spread():
+    t = Task("t", "train")
+    src = RotationSource(bindings(3), group_shared=True)
+    ids = [[src.assign(t, ti, g).id for g in range(4)] for ti in range(4)]
+    assert ids == [["p0"] * 4, ["p1"] * 4, ["p2"] * 4, ["p0"] * 4]
+    src = RotationSource(bindings(3), group_shared=False)
+    ids = [src.assign(t, 0, g).id for g in range(7)]
+    assert ids == ["p0", "p1", "p2", "p0", "p1", "p2", "p0"]
+    src2 = RotationSource(bindings(3), group_shared=False)
+    src2.load_state_dict(src.state_dict())
+    assert src2.assign(t, 0, 0).id == src.assign(t, 0, 0).id
+
+
+def test_persona_source_draws_and_puts_persona_in_prompt():
+    pool = load_personas("builtin")
+    assert len(pool) >= 10
+    src = PersonaSource(Binding("smol", None, SP), pool, seed=0)
+    got = [src.assign(Task("t", "train"), 0, g) for g in range(40)]
+    assert len({b.id for b in got}) > 5 and all(b.id.startswith("smol/") for b in got)
+    b = got[0]
+    env_cls = get_env("p4g")
+    env = env_cls(env_cls.load_tasks("train")[0], random.Random(0))
+    env.add_note("partner", b.note)
+    assert env.views["partner"][0]["content"].endswith(b.note)
+    with pytest.raises(ValueError, match="list of"):
+        bad = os.path.join(os.path.dirname(__file__), "nope.json")
+        open(bad, "w").write("{}")
+        try:
+            load_personas(bad)
+        finally:
+            os.remove(bad)
+
+
+def tiny_cfg(run_dir, partner, models=None, steps=2):
+    return parse_config({
+        "run": {"dir": str(run_dir), "save_every": 1, "progress": False},
+        "models": {"policy": {"path": "tiny-random"}, **(models or {})},
+        "agent": {"model": "policy", "trainable": True, "max_new_tokens": 10},
+        "partner": partner,
+        "env": {"name": "p4g", "options": {"max_turns": 2, "force_decision": True}},
+        "rollout": {"n_tasks": 3, "group_size": 2, "end_on_truncation": False},
+        "train": {"steps": steps, "lr": 1e-3}})
+
+
+def rollouts(run_dir, step=1):
+    return [json.loads(x) for x in open(os.path.join(run_dir, "rollouts", f"step_{step:06d}.jsonl"))]
+
+
+def test_training_with_rotation_records_each_rollouts_partner(tmp_path):
+    partner = {"source": "rotation", "group_shared": False, "rotation": [
+        {"id": "a", "model": "policy", "temperature": 0.7, "max_new_tokens": 10},
+        {"id": "b", "model": "policy", "temperature": 1.0, "max_new_tokens": 10, "note": "Be terse."},
+        {"id": "c", "model": "policy", "temperature": 0.3, "max_new_tokens": 10}]}
+    train(tiny_cfg(tmp_path / "r", partner), log=lambda s: None)
+    ids = [r["meta"]["partner"] for r in rollouts(tmp_path / "r")]
+    assert ids == ["a", "b", "c", "a", "b", "c"]
+    # resume continues the cycle where it stopped
+    step2 = [r["meta"]["partner"] for r in rollouts(tmp_path / "r", 2)]
+    assert step2 == ["a", "b", "c", "a", "b", "c"]
+
+
+@pytest.fixture(scope="module")
+def server():
+    b = tiny_backend(load_tokenizer("tiny-random"), seed=1)
+    srv, url = serve_in_thread(b)
+    yield url
+    srv.shutdown()
+
+
+@pytest.fixture(scope="module")
+def flaky_server():
+    b = tiny_backend(load_tokenizer("tiny-random"), seed=2)
+    srv, url = serve_in_thread(b, fail_rate=0.3, seed=3)
+    yield url
+    srv.shutdown()
+
+
+def test_openai_backend_against_scope_serve(server):
+    ref = OpenAIRef("srv", base_url=server, model="tiny", api_key_env=None, concurrency=4, max_retries=0)
+    convs = [[{"role": "user", "content": f"hello {i}"}] for i in range(6)]
+    outs = ref.chat_generate(convs, SamplingParams(temperature=1.0, max_new_tokens=7))
+    assert all(isinstance(o, Completion) and o.finish_reason in ("eos", "length") for o in outs)
+    assert any(o.text for o in outs)
+    import openai
+
+    client = openai.OpenAI(base_url=server, api_key="x")
+    assert client.models.list().data[0].id
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="tiny", messages="nope", max_tokens=3)
+    # a 400 is not retried: it comes back as this request's error
+    bad = ref.chat_generate([[{"role": "user", "content": "x"}]], SamplingParams(max_new_tokens=0))
+    assert isinstance(bad[0], Exception) and ref.stats.retries == 0
+
+
+def test_retries_with_backoff_recover_from_injected_failures(flaky_server):
+    ref = OpenAIRef("flaky", base_url=flaky_server, model="tiny", api_key_env=None, concurrency=4, max_retries=6,
+                    backoff=0.01)
+    outs = ref.chat_generate([[{"role": "user", "content": f"q{i}"}] for i in range(12)], SP)
+    assert all(isinstance(o, Completion) for o in outs)
+    assert ref.stats.retries > 0 and ref.stats.failures == 0
+
+
+def test_fault_injection_training_goes_on(tmp_path, flaky_server):
+    """An endpoint that fails 30% of requests: steps complete, failures are counted, nothing is NaN."""
+    models = {"api": {"backend": "openai", "base_url": flaky_server, "model_name": "tiny", "api_key_env": None,
+                      "max_retries": 0, "backoff": 0.0}}
+    partner = {"model": "api", "max_new_tokens": 10}
+    train(tiny_cfg(tmp_path / "f", partner, models, steps=3), log=lambda s: None)
+    ms = read_metrics(str(tmp_path / "f"))
+    assert [m["step"] for m in ms] == [1, 2, 3]
+    assert sum(m["failed_episodes"] for m in ms) > 0
+    for m in ms:
+        assert all(not (isinstance(v, float) and math.isnan(v)) for v in m.values())
+    recs = rollouts(tmp_path / "f")
+    failed = [r for r in recs if r["status"] == "failed"]
+    assert all("injected failure" in r["error"] or "503" in r["error"] for r in failed)
+
+
+class ScriptedChat:
+    """A chat endpoint stand-in: replies from a list, cycling."""
+
+    chat, json_schema, version = True, True, 0
+
+    def __init__(self, replies, name="chat"):
+        self.replies, self.id, self.n, self.formats = replies, name, 0, []
+
+    def drop_sessions(self, keys):
+        pass
+
+    def chat_generate(self, convs, sp, response_format=None):
+        self.formats.append(response_format)
+        out = []
+        for _ in convs:
+            r = self.replies[self.n % len(self.replies)]
+            self.n += 1
+            out.append(r if isinstance(r, Exception) else Completion(r, [], [], "eos", model_id=self.id))
+        return out
+
+
+def vs_job(smol_tokenizer, partner_ref, vs_cfg, uid=0):
+    from scope.config import VSConfig
+
+    env_cls = get_env("p4g")
+    task = env_cls.load_tasks("train")[0]
+    agent = ScriptedRef(smol_tokenizer, ["Please donate."], "agent")
+    return Job(env=env_cls(task, random.Random(uid), max_turns=1), episode=Episode(task.id, "g", 0),
+               refs={"agent": Binding("agent", agent, SP),
+                     "partner": Binding("vs", partner_ref, SP, vs=VSConfig(**vs_cfg))}, uid=uid)
+
+
+def test_vs_partner_samples_a_candidate_and_records_it(smol_tokenizer):
+    good = '```json\n{"responses": [{"text": "Sure [DONATE $2]", "probability": 1.0}, ' \
+           '{"text": "No way", "probability": 0.0}]}\n```'
+    ref = ScriptedChat([good])
+    eps, _ = run_rollouts([vs_job(smol_tokenizer, ref, {"k": 2})])
+    e = eps[0]
+    assert e.messages[-1] == {"role": "partner", "content": "Sure [DONATE $2]"}
+    rec = e.meta["vs"][0]
+    assert rec["candidates"] == ["Sure [DONATE $2]", "No way"] and rec["index"] == 0 and not rec["fallback"]
+    assert rec["attempts"] == 1 and e.rewards["agent"] == 1.0
+    assert ref.formats[0]["type"] == "json_schema"
+
+
+def test_vs_reasks_twice_then_falls_back_to_a_plain_reply(smol_tokenizer):
+    ref = ScriptedChat(["not json", "still not", "nope", "Fine, [DONATE $1]"])
+    eps, _ = run_rollouts([vs_job(smol_tokenizer, ref, {"k": 5, "max_reasks": 2})])
+    rec = eps[0].meta["vs"][0]
+    assert rec["attempts"] == 3 and rec["fallback"] and rec["index"] is None and len(rec["errors"]) == 3
+    assert eps[0].messages[-1]["content"] == "Fine, [DONATE $1]"
+    assert ref.formats[-1] is None  # the fallback is a plain request
+
+
+def test_vs_on_a_local_model(tmp_path):
+    partner = {"model": "policy", "decoding": "vs", "vs": {"k": 3, "max_new_tokens": 24}}
+    train(tiny_cfg(tmp_path / "v", partner, steps=1), log=lambda s: None)
+    recs = rollouts(tmp_path / "v")
+    assert all(r["meta"]["vs"] and r["meta"]["partner"] == "policy+vs" for r in recs)
+    assert read_metrics(str(tmp_path / "v"))[0]["vs/fallback_frac"] == 1.0  # a random model writes no JSON
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def test_scope_serve_cli():
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "scope.cli", "serve", "--model", "tiny-random", "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert f"http://127.0.0.1:{port}/v1" in line
+        ref = OpenAIRef("cli", base_url=f"http://127.0.0.1:{port}/v1", model="tiny-random", api_key_env=None)
+        out = ref.chat_generate([[{"role": "user", "content": "hi"}]], SamplingParams(max_new_tokens=4))
+        assert isinstance(out[0], Completion)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

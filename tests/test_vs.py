@@ -1,0 +1,82 @@
+"""Verbalized Sampling: the parser never raises and returns a distribution or an explicit fallback."""
+import json
+import math
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scope.partners.vs import draw, instruction, json_schema, parse
+
+
+def check(p):
+    if p.ok:
+        assert p.texts and len(p.texts) == len(p.probs)
+        assert all(isinstance(t, str) and t.strip() for t in p.texts)
+        assert all(x >= 0 and math.isfinite(x) for x in p.probs)
+        assert sum(p.probs) == pytest.approx(1.0)
+    else:
+        assert isinstance(p.error, str) and p.error and not p.texts
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text())
+def test_arbitrary_strings(s):
+    check(parse(s))
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.floats(allow_nan=True) | st.integers() | st.text(),
+                           lambda ch: st.lists(ch, max_size=4) | st.dictionaries(st.text(max_size=8), ch, max_size=4),
+                           max_leaves=12)
+item = st.fixed_dictionaries({}, optional={"text": st.one_of(st.text(), st.integers(), st.none()),
+                                           "probability": st.one_of(st.floats(allow_nan=True, allow_infinity=True),
+                                                                    st.integers(-5, 5), st.text(max_size=5),
+                                                                    st.none())})
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(item, json_values), max_size=8), st.text(max_size=20), st.text(max_size=20),
+       st.sampled_from(["prob", "random"]), st.integers(1, 6))
+def test_arbitrary_candidate_lists_inside_noise(items, before, after, method, k):
+    body = json.dumps({"responses": items}, allow_nan=True)
+    for raw in (body, f"{before}```json\n{body}\n```{after}", before + body + after):
+        p = parse(raw, k=k, method=method)
+        check(p)
+        if p.ok:
+            assert len(p.texts) <= k
+            if method == "random":
+                assert len(set(p.probs)) == 1
+
+
+@given(st.one_of(st.none(), st.integers(), st.lists(st.text()), st.binary()))
+def test_non_text_input(x):
+    check(parse(x))
+
+
+def test_typical_cases():
+    raw = 'Sure!\n```json\n{"responses": [{"text": "Yes", "probability": 0.6}, {"text": "No", "probability": 0.2},' \
+          ' {"text": "  ", "probability": 0.2}, {"text": "Maybe", "probability": -1}]}\n```'
+    p = parse(raw)
+    assert p.texts == ["Yes", "No", "Maybe"] and p.probs == pytest.approx([0.75, 0.25, 0.0])
+    p = parse('{"responses": [{"text": "a", "probability": "30%"}, {"text": "b", "probability": 70}]}')
+    assert p.probs == pytest.approx([0.3 / 70.3, 70 / 70.3])
+    p = parse('{"responses": [{"text": "a"}, {"text": "b"}]}')  # no probabilities -> uniform
+    assert p.probs == [0.5, 0.5]
+    p = parse('{"responses": [' + ",".join(f'{{"text": "t{i}", "probability": 1}}' for i in range(9)) + "]}", k=5)
+    assert len(p.texts) == 5
+    assert not parse("I'd rather just talk.").ok
+    assert not parse('{"responses": []}').ok
+
+
+def test_draw_follows_stated_probabilities():
+    p = parse('{"responses": [{"text": "a", "probability": 0.8}, {"text": "b", "probability": 0.2}]}')
+    rng = random.Random(0)
+    n = sum(draw(p, rng) == 0 for _ in range(4000))
+    assert 0.77 < n / 4000 < 0.83
+
+
+def test_prompt_and_schema_mention_k():
+    assert "5 different replies" in instruction(5, "prob") and "probability" in instruction(5, "prob")
+    assert "probability" not in instruction(3, "random")
+    assert json_schema(4, "prob")["schema"]["properties"]["responses"]["maxItems"] == 4
