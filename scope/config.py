@@ -76,11 +76,25 @@ class PartnerSpec(Strict):
         return self.id or (self.model + ("+vs" if self.decoding == "vs" else ""))
 
 
+class PoolConfig(Strict):
+    size: int = Field(5, ge=1)
+    """K: the pool keeps the newest K snapshots (FIFO)."""
+    every: int = Field(4, ge=1)
+    """C: a snapshot of the trained adapter every C steps (the pool starts with the initial one)."""
+
+
 class RoleConfig(PartnerSpec):
     trainable: bool = False
-    source: Literal["single", "rotation", "persona"] = "single"
+    reward: str = "env"
+    """partner: env (the environment's reward), cooperative, adversarial, curriculum, or a registered name."""
+    self_play: bool = False
+    """partner: played by the agent's own adapter; one update uses both roles' tokens, each with its own
+    mask and advantages."""
+    pool: PoolConfig = PoolConfig()
+    source: Literal["single", "rotation", "persona", "pool"] = "single"
     """single: this spec; rotation: the specs in ``rotation``, in a fixed cycle; persona: this spec plus a
-    persona drawn per rollout from ``personas``."""
+    persona drawn per rollout from ``personas``; pool: a snapshot drawn per rollout from a FIFO pool of
+    this trainable role's adapter (Population Co-Training)."""
     rotation: list[PartnerSpec] = []
     group_shared: bool = True
     """rotation/persona: the G rollouts of one task share one partner (homogeneous groups)."""
@@ -91,8 +105,16 @@ class RoleConfig(PartnerSpec):
     def _source_fields(self):
         if self.source == "rotation" and len(self.rotation) < 1:
             raise ValueError("source rotation needs a non-empty rotation list")
-        if self.trainable and (self.source != "single" or self.decoding != "plain"):
-            raise ValueError("a trainable role must use source single and plain decoding")
+        if self.trainable and (self.source not in ("single", "pool") or self.decoding != "plain"):
+            raise ValueError("a trainable role must use source single or pool, and plain decoding")
+        if self.source == "pool" and not self.trainable:
+            raise ValueError("source pool holds snapshots of a trainable role: set trainable: true")
+        if self.self_play and not self.trainable:
+            raise ValueError("self_play needs trainable: true")
+        from .partners.rewards import PARTNER_REWARDS
+
+        if self.reward not in PARTNER_REWARDS:
+            raise ValueError(f"reward: unknown partner reward {self.reward!r}; registered: {sorted(PARTNER_REWARDS)}")
         return self
 
     def specs(self) -> list[PartnerSpec]:
@@ -167,6 +189,14 @@ class Config(Strict):
             if rc.trainable and self.models[rc.model].backend != "local":
                 raise ValueError(f"{role}: a trainable role needs a local model, {rc.model!r} is "
                                  f"{self.models[rc.model].backend}")
+            if rc.source == "pool" and self.models[rc.model].finetune != "lora":
+                raise ValueError(f"{role}: a pool holds LoRA adapters; models.{rc.model}.finetune must be lora")
+        if self.agent.self_play:
+            raise ValueError("agent.self_play: self-play is set on the partner (it plays with the agent's adapter)")
+        if self.partner.self_play and (not self.agent.trainable or self.partner.model != self.agent.model):
+            raise ValueError("partner.self_play needs a trainable agent on the same model")
+        if self.partner.self_play and self.partner.temperature != self.agent.temperature:
+            raise ValueError("partner.self_play: both roles sample from one policy; use the same temperature")
         from .envs import get_env
 
         try:

@@ -166,19 +166,8 @@ class Learner:
         ids, att, sel, old = self._batch(traces)
         adv = torch.cat([torch.full((int(sel[i].sum()),), float(a)) for i, (_, a) in enumerate(micro)])
         model = self.backend.model
-        with self.backend.using(self.adapter):
-            logits = self._token_logits(model, ids, att, sel)
         targets = ids[sel]
-        logp_all = torch.log_softmax(logits, dim=-1)
-        logp = logp_all.gather(-1, targets[:, None])[:, 0]
-        with torch.no_grad():
-            entropy = -(logp_all.exp() * logp_all).sum(-1)
-        ratio = torch.exp(logp - old)
-        pg1 = ratio * adv
-        pg2 = ratio.clamp(1 - cfg.eps_low, 1 + cfg.eps_high) * adv
-        pg = -torch.minimum(pg1, pg2)
-        loss_tok = pg
-        kl = torch.zeros_like(pg)
+        ref_logp = None
         if cfg.kl_coef > 0:
             with torch.no_grad():
                 if self.ref_model is not None:
@@ -187,11 +176,25 @@ class Learner:
                     with self.backend.using(None):
                         ref_logits = self._token_logits(model, ids, att, sel)
                 ref_logp = torch.log_softmax(ref_logits, -1).gather(-1, targets[:, None])[:, 0]
-            d = ref_logp - logp
-            kl = torch.exp(d) - d - 1
-            loss_tok = pg + cfg.kl_coef * kl
-        loss = loss_tok.sum() / n_tok_total
-        loss.backward()
+        # the adapter stays active through backward: switching adapters changes which weights require grad
+        with self.backend.using(self.adapter):
+            logits = self._token_logits(model, ids, att, sel)
+            logp_all = torch.log_softmax(logits, dim=-1)
+            logp = logp_all.gather(-1, targets[:, None])[:, 0]
+            with torch.no_grad():
+                entropy = -(logp_all.exp() * logp_all).sum(-1)
+            ratio = torch.exp(logp - old)
+            pg1 = ratio * adv
+            pg2 = ratio.clamp(1 - cfg.eps_low, 1 + cfg.eps_high) * adv
+            pg = -torch.minimum(pg1, pg2)
+            loss_tok = pg
+            kl = torch.zeros_like(pg)
+            if ref_logp is not None:
+                d = ref_logp - logp
+                kl = torch.exp(d) - d - 1
+                loss_tok = pg + cfg.kl_coef * kl
+            loss = loss_tok.sum() / n_tok_total
+            loss.backward()
         with torch.no_grad():
             clipped = ((ratio < 1 - cfg.eps_low) & (adv < 0)) | ((ratio > 1 + cfg.eps_high) & (adv > 0))
         loss_tok, pg, kl = loss_tok.detach(), pg.detach(), kl.detach()

@@ -128,6 +128,9 @@ class Checkpointer:
             "generators": {k: b.generator.get_state() for k, b in backends.items()},
             "sources": {r: s.state_dict() for r, s in (sources or {}).items()},
         }
+        for r, src in (sources or {}).items():
+            if hasattr(src, "save"):  # a pool: its member adapters, in order
+                src.save(os.path.join(tmp, f"pool_{r}"))
         torch.save(state, os.path.join(tmp, "state.pt"))
         with open(os.path.join(tmp, "config.yaml"), "w") as f:
             f.write(dump_config(self.cfg))
@@ -169,7 +172,11 @@ class Checkpointer:
             if k in state["generators"]:
                 b.generator.set_state(state["generators"][k])
         for r, src in (sources or {}).items():
-            if r in state.get("sources", {}):
+            if r not in state.get("sources", {}):
+                continue
+            if hasattr(src, "load"):
+                src.load(os.path.join(path, f"pool_{r}"), state["sources"][r])
+            else:
                 src.load_state_dict(state["sources"][r])
         return int(state["step"])
 

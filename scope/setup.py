@@ -31,6 +31,9 @@ def build_models(cfg: Config) -> tuple[dict[str, LocalBackend], dict[str, Any], 
     for role, rc in cfg.roles().items():
         if not rc.trainable:
             continue
+        if rc.self_play:  # plays with the agent's weights
+            trainable[role] = trainable["agent"]
+            continue
         mc = cfg.models[rc.model]
         b = backend(rc.model, rc.model)
         if mc.finetune == "lora":

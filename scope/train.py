@@ -21,6 +21,7 @@ import torch
 from .config import Config
 from .envs import get_env
 from .learner import Learner, LearnerConfig, group_advantages
+from .partners.rewards import apply_partner_reward
 from .rollout import Job, run_rollouts
 from .run import Checkpointer, MetricsLogger, RunDir, rollout_records
 from .setup import build_models
@@ -83,13 +84,19 @@ def train(cfg: Config, resume: bool = False, on_step_end: Callable[[int], None] 
     t_load = time.time()
     backends, sources, trainable = build_models(cfg)
     log(f"loaded models {sorted(backends)} in {time.time() - t_load:.1f}s")
-    learners = {}
+    learners: dict[str, Learner] = {}   # one per trained set of weights
+    roles_of: dict[str, list[str]] = {}  # learner -> the roles whose tokens it trains on
     for role, rc in cfg.roles().items():
-        if rc.trainable:
-            ref = trainable[role]
+        if not rc.trainable:
+            continue
+        owner = "agent" if rc.self_play else role
+        if owner not in learners:
+            ref = trainable[owner]
             lc = LearnerConfig(**cfg.train.model_dump(exclude={"steps", "success_threshold"}),
                                temperature=rc.temperature)
-            learners[role] = Learner(ref.backend, ref.adapter, lc)
+            learners[owner] = Learner(ref.backend, ref.adapter, lc)
+        roles_of.setdefault(owner, []).append(role)
+    pools = {r: s for r, s in sources.items() if hasattr(s, "maybe_snapshot")}
     env_cls = get_env(cfg.env.name)
     tasks = env_cls.load_tasks(cfg.env.train_split, **cfg.env.options)
     sampler = TaskSampler(tasks, cfg.run.seed)
@@ -99,6 +106,9 @@ def train(cfg: Config, resume: bool = False, on_step_end: Callable[[int], None] 
     if resume:
         start = ckpt.load_latest(backends, learners, sampler, env_rng, sources)
         log(f"resumed from step {start}")
+    if start == 0:
+        for pool in pools.values():
+            pool.snapshot(0)  # the pool starts with the initial partner
     metrics_log = MetricsLogger(run, start_step=start)
     log(f"training {list(learners)} on {len(tasks)} {cfg.env.name} tasks ({cfg.env.train_split}); "
         f"{cfg.rollout.n_tasks} tasks x G={cfg.rollout.group_size} per step; run dir {run.path}")
@@ -111,16 +121,29 @@ def train(cfg: Config, resume: bool = False, on_step_end: Callable[[int], None] 
         t1 = time.time()
         m: dict[str, float] = {"step": step}
         m.update(episode_metrics(episodes))
-        for role, learner in learners.items():
-            adv, gstats = group_advantages(episodes, role, cfg.train.success_threshold)
-            for i, ep in enumerate(episodes):
-                ep.meta.setdefault("advantage", {})[role] = adv[i]
-            out = learner.update([ep.traces[role] for ep in episodes], adv)
-            prefix = "" if role == "agent" else f"{role}/"
-            m.update({f"{prefix}{k}": v for k, v in gstats.fractions().items()})
+        if cfg.partner.reward != "env":
+            apply_partner_reward(cfg.partner.reward, episodes, "partner")
+        for owner, learner in learners.items():
+            traces, advs = [], []
+            for role in roles_of[owner]:
+                adv, gstats = group_advantages(episodes, role, cfg.train.success_threshold)
+                for i, ep in enumerate(episodes):
+                    ep.meta.setdefault("advantage", {})[role] = adv[i]
+                traces += [ep.traces[role] for ep in episodes]
+                advs += adv
+                prefix = "" if role == "agent" else f"{role}/"
+                m.update({f"{prefix}{k}": v for k, v in gstats.fractions().items()})
+                rs = [ep.rewards[role] for ep in episodes if not ep.failed and role in ep.rewards]
+                if role != "agent" and rs:
+                    m[f"{role}/reward_mean"] = float(np.mean(rs))
+            out = learner.update(traces, advs)  # self-play: both roles' tokens, each with its own advantages
+            prefix = "" if owner == "agent" else f"{owner}/"
             m.update({f"{prefix}train/{k}": v for k, v in out.items()})
             if "entropy" in out:
                 m[f"{prefix}policy_entropy"] = out["entropy"]
+        for role, pool in pools.items():
+            pool.maybe_snapshot(step)
+            m[f"{role}/pool_size"] = len(pool.members)
         t2 = time.time()
         m.update(rollout_seconds=t1 - t0, train_seconds=t2 - t1, step_seconds=t2 - t0,
                  tokens_generated=rstats.tokens_generated,

@@ -79,12 +79,12 @@ class LocalBackend:
             raise KeyError(f"model {self.name!r} has no adapter {adapter!r}; has {self.adapter_names()}")
         prev = self.model.active_adapter
         if prev != adapter:
-            self.model.base_model.set_adapter(adapter)
+            self.model.set_adapter(adapter)
         try:
             yield self.model
         finally:
             if prev != adapter:
-                self.model.base_model.set_adapter(prev)
+                self.model.set_adapter(prev)
 
     def set_trainable(self, adapter: str | None) -> list[torch.nn.Parameter]:
         """Return the parameters that train for ``adapter`` (None = all weights: full fine-tuning)."""

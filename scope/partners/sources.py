@@ -114,6 +114,16 @@ def build_sources(cfg: Config, frozen_refs: dict[str, Any], trainable_refs: dict
     out = {}
     for role, rc in cfg.roles().items():
         rc: RoleConfig
+        if rc.trainable and rc.source == "pool":
+            from .pool import PoolSource
+
+            ref = trainable_refs[role]
+            lora = cfg.models[rc.model].lora
+            out[role] = PoolSource(ref.backend, ref.adapter, spec_sampling(rc), size=rc.pool.size,
+                                   every=rc.pool.every, seed=cfg.run.seed + 11, group_shared=rc.group_shared,
+                                   lora=dict(r=lora.r, alpha=lora.alpha, dropout=lora.dropout,
+                                             target_modules=lora.target_modules))
+            continue
         if rc.trainable:
             out[role] = SingleSource(spec_binding(rc, trainable_refs[role]))
             continue

@@ -1,0 +1,109 @@
+"""Co-Training and Population Co-Training against RL (Single), same config and model.
+
+Each mode trains the embedded model for a few steps in its own process (so peak memory is its own):
+- single:     LoRA agent vs the frozen base as partner
+- cotrain:    the partner trains too (its own LoRA adapter on the same base)
+- population: as cotrain, partner drawn from a FIFO pool (K=5, a snapshot every step, so the pool
+              is full from step 4 on)
+Prints mean step time after the first step, peak RSS, the step-time ratio cotrain / single, the
+peak-memory ratio population / single (goal <= 1.15x) and the time to switch pool members (goal
+<= 50 ms).
+
+    python benchmarks/population.py [--steps 5]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def config(mode: str, run_dir: str, steps: int) -> dict:
+    partner = {"model": "policy", "max_new_tokens": 32}
+    if mode in ("cotrain", "population"):
+        partner.update(trainable=True, reward="curriculum")
+    if mode == "population":
+        partner.update(source="pool", pool={"size": 5, "every": 1}, group_shared=False)
+    return {"run": {"dir": run_dir, "save_every": 1000, "progress": False, "save_rollouts": False},
+            "models": {"policy": {"path": "smollm2-135m"}},
+            "agent": {"model": "policy", "trainable": True, "max_new_tokens": 32},
+            "partner": partner,
+            "env": {"name": "p4g", "options": {"max_turns": 2, "force_decision": True}},
+            "rollout": {"n_tasks": 4, "group_size": 4, "end_on_truncation": False},
+            "train": {"steps": steps, "lr": 2e-5}}
+
+
+def child(mode: str, steps: int, out: str) -> None:
+    import torch
+
+    from scope.config import parse_config
+    from scope.run import read_metrics
+    from scope.train import train
+
+    torch.set_num_threads(2)
+    with tempfile.TemporaryDirectory() as d:
+        train(parse_config(config(mode, os.path.join(d, "run"), steps)), log=lambda s: None)
+        ms = read_metrics(os.path.join(d, "run"))
+    res = {"mode": mode, "step_seconds": [m["step_seconds"] for m in ms],
+           "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    with open(out, "w") as f:
+        json.dump(res, f)
+
+
+def switch_time(n: int = 200) -> float:
+    import torch
+
+    from scope.models.local import load_backend
+    from scope.partners.pool import PoolSource
+    from scope.types import SamplingParams
+
+    torch.set_num_threads(2)
+    b = load_backend("smollm2-135m")
+    b.add_lora("partner")
+    pool = PoolSource(b, "partner", SamplingParams(), size=5, every=1, lora={})
+    for s in range(5):
+        pool.snapshot(s)
+    x = torch.tensor([[1, 2, 3]])
+    t = time.perf_counter()
+    for i in range(n):
+        with b.using(pool.members[i % 5]):
+            pass
+    dt = (time.perf_counter() - t) / n
+    with torch.no_grad(), b.using(pool.members[0]):  # and the switch really changes the active weights
+        b.model(x)
+    return dt
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--child", nargs=2, metavar=("MODE", "OUT"))
+    a = ap.parse_args()
+    if a.child:
+        child(a.child[0], a.steps, a.child[1])
+        return
+    res = {}
+    for mode in ("single", "cotrain", "population"):
+        with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+            out = f.name
+        subprocess.run([sys.executable, __file__, "--steps", str(a.steps), "--child", mode, out], check=True)
+        res[mode] = json.load(open(out))
+        os.remove(out)
+        st = res[mode]["step_seconds"][1:] or res[mode]["step_seconds"]
+        res[mode]["mean_step"] = sum(st) / len(st)
+        print(f"{mode:>11}: mean step {res[mode]['mean_step']:.1f}s (steps 2..{a.steps}), "
+              f"peak RSS {res[mode]['maxrss_mb']:.0f} MB", flush=True)
+    sw = switch_time()
+    print(f"pool member switch: {sw * 1e3:.2f} ms (mean of 200 switches among 5 adapters)")
+    print(f"step-time ratio cotrain / single: {res['cotrain']['mean_step'] / res['single']['mean_step']:.2f}x")
+    print(f"peak-memory ratio population (K=5) / single: "
+          f"{res['population']['maxrss_mb'] / res['single']['maxrss_mb']:.3f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""Partner rewards, chosen by name in the config (``partner.reward``); more can be registered.
+
+A reward function gets all episodes of a step and the partner's role name, and returns one reward
+per episode (None leaves the episode's own reward for that role). The agent's reward is the
+environment's.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Sequence
+
+from ..types import Episode
+
+RewardFn = Callable[[Sequence[Episode], str, str], list]
+PARTNER_REWARDS: dict[str, RewardFn] = {}
+
+
+def register_reward(name: str):
+    def deco(fn: RewardFn) -> RewardFn:
+        PARTNER_REWARDS[name] = fn
+        return fn
+
+    return deco
+
+
+def _agent_r(ep: Episode, agent: str) -> float | None:
+    return None if ep.failed or agent not in ep.rewards else ep.rewards[agent]
+
+
+@register_reward("env")
+def env_reward(episodes, role, agent="agent"):
+    """The environment's own reward for the partner role."""
+    return [None] * len(episodes)
+
+
+@register_reward("cooperative")
+def cooperative(episodes, role, agent="agent"):
+    return [_agent_r(e, agent) for e in episodes]
+
+
+@register_reward("adversarial")
+def adversarial(episodes, role, agent="agent", bounded: bool | None = None):
+    """1 - r_agent when every agent reward of the step lies in [0, 1], else -r_agent."""
+    rs = [_agent_r(e, agent) for e in episodes]
+    vals = [r for r in rs if r is not None]
+    in_unit = all(0.0 <= r <= 1.0 for r in vals) if bounded is None else bounded
+    return [None if r is None else (1.0 - r if in_unit else -r) for r in rs]
+
+
+def curriculum_value(s2: float, target: float = 0.25, width: float = 0.02) -> float:
+    """exp(-(s2 - target)^2 / width): highest when the agent's group reward variance is at the target."""
+    return math.exp(-((s2 - target) ** 2) / width)
+
+
+@register_reward("curriculum")
+def curriculum(episodes, role, agent="agent"):
+    """Every partner rollout of a group gets exp(-(s2 - 0.25)^2 / 0.02), s2 = variance of the agent's
+    rewards within the group (population variance; failed rollouts left out)."""
+    groups: dict[str, list[float]] = {}
+    for e in episodes:
+        r = _agent_r(e, agent)
+        if r is not None:
+            groups.setdefault(e.group_id, []).append(r)
+    out = []
+    for e in episodes:
+        g = groups.get(e.group_id)
+        if _agent_r(e, agent) is None or not g:
+            out.append(None)
+            continue
+        m = sum(g) / len(g)
+        out.append(curriculum_value(sum((x - m) ** 2 for x in g) / len(g)))
+    return out
+
+
+def apply_partner_reward(name: str, episodes: Sequence[Episode], role: str, agent: str = "agent") -> None:
+    if name not in PARTNER_REWARDS:
+        raise KeyError(f"unknown partner reward {name!r}; registered: {sorted(PARTNER_REWARDS)}")
+    for e, r in zip(episodes, PARTNER_REWARDS[name](episodes, role, agent)):
+        if r is not None:
+            e.rewards[role] = float(r)

@@ -1,0 +1,223 @@
+"""Trainable partners: rewards, Co-Training, self-play, the population pool and its checkpointing."""
+import json
+import math
+import os
+import random
+
+import pytest
+import torch
+
+from scope.config import ConfigError, parse_config
+from scope.learner import Learner, LearnerConfig, group_advantages
+from scope.models.local import ModelRef, load_tokenizer, tiny_backend
+from scope.partners.pool import PoolSource
+from scope.partners.rewards import (PARTNER_REWARDS, apply_partner_reward, curriculum_value, register_reward)
+from scope.partners.sources import Binding
+from scope.rollout import Job, run_rollouts
+from scope.run import read_metrics
+from scope.train import train
+from scope.envs import get_env
+from scope.types import Episode, SamplingParams, Task
+
+SP = SamplingParams(temperature=1.0, max_new_tokens=8)
+
+
+def eps_with(groups):
+    out = []
+    for gid, rs in groups.items():
+        for i, r in enumerate(rs):
+            out.append(Episode(gid, gid, i, rewards={"agent": r}, status="done"))
+    return out
+
+
+def test_curriculum_reward_at_known_variances():
+    eps = eps_with({"half": [1.0, 0.0], "same": [1.0, 1.0], "quarter": [1.0, 0.0, 0.0, 0.0]})
+    apply_partner_reward("curriculum", eps, "partner")
+    r = [e.rewards["partner"] for e in eps]
+    assert r[0] == r[1] == pytest.approx(1.0)                         # s2 = 0.25
+    assert r[2] == pytest.approx(math.exp(-0.25 ** 2 / 0.02))         # s2 = 0
+    assert r[4] == pytest.approx(math.exp(-(0.1875 - 0.25) ** 2 / 0.02))  # s2 = 3/16
+    assert curriculum_value(0.25) == 1.0
+
+
+def test_adversarial_cooperative_and_registered_rewards():
+    eps = eps_with({"g": [0.2, 1.0]})
+    apply_partner_reward("adversarial", eps, "partner")
+    assert [e.rewards["partner"] for e in eps] == pytest.approx([0.8, 0.0])
+    eps = eps_with({"g": [3.0, -1.0]})  # outside [0, 1]: the negative
+    apply_partner_reward("adversarial", eps, "partner")
+    assert [e.rewards["partner"] for e in eps] == [-3.0, 1.0]
+    apply_partner_reward("cooperative", eps, "partner")
+    assert [e.rewards["partner"] for e in eps] == [3.0, -1.0]
+
+    @register_reward("test_double")
+    def double(episodes, role, agent="agent"):
+        return [2 * e.rewards[agent] for e in episodes]
+
+    apply_partner_reward("test_double", eps, "partner")
+    assert [e.rewards["partner"] for e in eps] == [6.0, -2.0]
+    with pytest.raises(ConfigError, match="unknown partner reward 'nope'"):
+        parse_config({"partner": {"reward": "nope"}})
+    del PARTNER_REWARDS["test_double"]
+
+
+@pytest.fixture()
+def two_adapters():
+    b = tiny_backend(load_tokenizer("tiny-random"), seed=0)
+    b.add_lora("agent", r=4, alpha=8)
+    b.add_lora("partner", r=4, alpha=8)
+    return b
+
+
+def rollout(b, n=4, turns=2):
+    env_cls = get_env("p4g")
+    tasks = env_cls.load_tasks("train")
+    refs = {"agent": Binding("agent", ModelRef("agent", b, "agent", True), SP),
+            "partner": Binding("partner", ModelRef("partner", b, "partner", True), SP)}
+    jobs = [Job(env_cls(tasks[i // 2], random.Random(i), max_turns=turns), Episode(tasks[i // 2].id, str(i // 2), i),
+                dict(refs), uid=i) for i in range(n)]
+    eps, _ = run_rollouts(jobs, end_on_truncation=False)
+    for i, e in enumerate(eps):
+        e.rewards = {"agent": float(i % 2), "partner": float((i + 1) % 2)}
+    return eps
+
+
+def snapshot(b):
+    return {n: p.detach().clone() for n, p in b.model.named_parameters()}
+
+
+def test_partner_update_changes_only_the_partner_adapter(two_adapters):
+    b = two_adapters
+    eps = rollout(b)
+    before = snapshot(b)
+    learner = Learner(b, "partner", LearnerConfig(lr=1e-2, kl_coef=0.005, temperature=1.0))
+    adv, _ = group_advantages(eps, "partner")
+    out = learner.update([e.traces["partner"] for e in eps], adv)
+    assert out["trained_sequences"] == 4
+    changed = [n for n, p in b.model.named_parameters() if not torch.equal(p, before[n])]
+    assert changed and all(".partner." in n and "lora_" in n for n in changed)
+    assert b.versions["partner"] == 1 and b.versions["agent"] == 0
+
+
+def test_each_roles_loss_sees_only_its_own_tokens(two_adapters):
+    b = two_adapters
+    eps = rollout(b)
+    tok = b.tokenizer
+    learner = Learner(b, "agent", LearnerConfig())
+    for e in eps:
+        for role, other in (("agent", "partner"), ("partner", "agent")):
+            tr = e.traces[role]
+            ids, att, sel, _ = learner._batch([tr])
+            trained = ids[sel].tolist()
+            own = [t for t, m in zip(tr.token_ids, tr.mask) if m][1:] if tr.mask[0] else \
+                [t for t, m in zip(tr.token_ids, tr.mask) if m]
+            assert trained == own
+            said = [m["content"] for m in e.messages if m["role"] == role]
+            text = tok.decode(trained)
+            assert all(s in text for s in said if s)
+            assert all(tr.turn_model[i] == -1 for i in range(len(tr.mask)) if not tr.mask[i])
+            # the models recorded on the trace are the role's own
+            assert {m[0] for m in tr.models} == {role}
+
+
+def test_pool_fifo_eviction_and_shared_base(two_adapters):
+    b = two_adapters
+    pool = PoolSource(b, "partner", SP, size=3, every=2, lora=dict(r=4, alpha=8))
+    pool.snapshot(0)
+    with torch.no_grad():
+        for n, p in b.model.named_parameters():
+            if ".partner." in n and "lora_B" in n:
+                p.add_(1.0)
+    for step in range(1, 9):
+        pool.maybe_snapshot(step)
+    assert pool.members == ["partner_pool_4", "partner_pool_6", "partner_pool_8"]
+    assert set(b.adapter_names()) == {"agent", "partner", *pool.members}
+    base_ids = {id(p) for n, p in b.model.named_parameters() if "lora_" not in n}
+    assert len(base_ids) == len([n for n, _ in b.model.named_parameters() if "lora_" not in n])
+    # a snapshot is a copy of the adapter at that time
+    sd = dict(b.model.named_parameters())
+    for n, p in sd.items():
+        if ".partner_pool_8." in n:
+            assert torch.equal(p, sd[n.replace(".partner_pool_8.", ".partner.")])
+            assert not p.requires_grad
+
+
+def test_pool_draws_are_uniform(two_adapters):
+    b = two_adapters
+    pool = PoolSource(b, "partner", SP, size=5, every=1, seed=3, lora=dict(r=4, alpha=8))
+    for s in range(5):
+        pool.snapshot(s)
+    n = 5000
+    counts = {}
+    for i in range(n):
+        m = pool.assign(Task("t", "train"), 0, i).id
+        counts[m] = counts.get(m, 0) + 1
+    assert set(counts) == set(pool.members)
+    chi2 = sum((c - n / 5) ** 2 / (n / 5) for c in counts.values())
+    assert chi2 < 18.47  # chi-square, 4 degrees of freedom, p = 0.001
+
+
+def cfg(run_dir, partner, steps=2, save_every=1):
+    return parse_config({
+        "run": {"dir": str(run_dir), "save_every": save_every, "progress": False},
+        "models": {"policy": {"path": "tiny-random", "lora": {"r": 4, "alpha": 8}}},
+        "agent": {"model": "policy", "trainable": True, "max_new_tokens": 10},
+        "partner": {"model": "policy", "max_new_tokens": 10, **partner},
+        "env": {"name": "p4g", "options": {"max_turns": 2, "force_decision": True}},
+        "rollout": {"n_tasks": 2, "group_size": 3, "end_on_truncation": False},
+        "train": {"steps": steps, "lr": 1e-3}})
+
+
+def test_cotraining_run_trains_both_with_their_own_rewards(tmp_path):
+    train(cfg(tmp_path / "c", {"trainable": True, "reward": "adversarial"}), log=lambda s: None)
+    ms = read_metrics(str(tmp_path / "c"))
+    m = ms[-1]
+    assert m["train/trained_sequences"] == 6 and m["partner/train/trained_sequences"] == 6
+    assert m["partner/reward_mean"] == pytest.approx(1 - m["reward_mean"])
+    ck = tmp_path / "c" / "checkpoints" / "step_000002"
+    assert (ck / "agent" / "agent" / "adapter_model.safetensors").exists()
+    assert (ck / "partner" / "partner" / "adapter_model.safetensors").exists()
+
+
+def test_self_play_one_update_uses_both_roles(tmp_path):
+    train(cfg(tmp_path / "s", {"trainable": True, "self_play": True, "reward": "adversarial"}), log=lambda s: None)
+    m = read_metrics(str(tmp_path / "s"))[-1]
+    assert m["train/trained_sequences"] == 12  # 6 agent traces + 6 partner traces, one update
+    assert "partner/train/trained_sequences" not in m
+    recs = [json.loads(x) for x in open(tmp_path / "s" / "rollouts" / "step_000001.jsonl")]
+    assert all(r["models"]["agent"] == r["models"]["partner"] for r in recs)
+    adv = recs[0]["meta"]["advantage"]
+    assert set(adv) == {"agent", "partner"}
+    with pytest.raises(ConfigError, match="same temperature"):
+        parse_config({"agent": {"trainable": True}, "partner": {"trainable": True, "self_play": True,
+                                                                 "temperature": 1.0}})
+
+
+@pytest.mark.parametrize("self_play", [False, True])
+def test_population_pool_is_checkpointed_and_restored_exactly(tmp_path, self_play):
+    partner = {"trainable": True, "source": "pool", "pool": {"size": 2, "every": 1}, "reward": "adversarial",
+               "self_play": self_play, "group_shared": False}
+    straight = tmp_path / "straight"
+    train(cfg(straight, partner, steps=4, save_every=2), log=lambda s: None)
+
+    class Stop(Exception):
+        pass
+
+    def stop(step):
+        if step == 3:
+            raise Stop()
+
+    run = tmp_path / "run"
+    with pytest.raises(Stop):
+        train(cfg(run, partner, steps=4, save_every=2), on_step_end=stop, log=lambda s: None)
+    train(cfg(run, partner, steps=4, save_every=2), resume=True, log=lambda s: None)
+    a, b = read_metrics(str(run)), read_metrics(str(straight))
+    assert [m["step"] for m in a] == [1, 2, 3, 4]
+    assert [m["partner/pool_size"] for m in a] == [2, 2, 2, 2]
+    for x, y in zip(a, b):
+        assert x["reward_mean"] == pytest.approx(y["reward_mean"], abs=1e-6)
+    src = "agent" if self_play else "partner"
+    st = torch.load(run / "checkpoints" / "step_000004" / "state.pt", weights_only=False)
+    assert st["sources"]["partner"]["members"] == [f"{src}_pool_3", f"{src}_pool_4"]
+    recs = [json.loads(x) for x in open(run / "rollouts" / "step_000004.jsonl")]
+    assert {r["meta"]["partner"] for r in recs} <= {f"{src}_pool_2", f"{src}_pool_3"}
