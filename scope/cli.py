@@ -35,6 +35,96 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _agent_binding(policy: str, cfg_path: str | None, model: str | None, overrides: list[str]):
+    """The agent to evaluate: a checkpoint directory (its config and adapter) or 'base'."""
+    from .config import Config, parse_config
+    from .models.local import ModelRef, load_backend
+    from .partners.sources import spec_binding
+
+    if policy != "base":
+        cfg_path = cfg_path or os.path.join(policy, "config.yaml")
+        if not os.path.exists(cfg_path):
+            cfg_path = os.path.join(os.path.dirname(os.path.dirname(os.path.normpath(policy))), "config.yaml")
+    cfg = load_config(cfg_path, overrides) if cfg_path and os.path.exists(cfg_path) else parse_config({})
+    if model:
+        cfg.models[cfg.agent.model].path = model
+    mc = cfg.models[cfg.agent.model]
+    b = load_backend(mc.path, name=cfg.agent.model, seed=cfg.run.seed, dtype=mc.dtype)
+    adapter = None
+    if policy != "base":
+        src = os.path.join(policy, "agent")
+        src = os.path.join(src, "agent") if os.path.isdir(os.path.join(src, "agent")) else \
+            (src if os.path.isdir(src) else policy)
+        if os.path.exists(os.path.join(src, "adapter_config.json")):
+            from peft import set_peft_model_state_dict
+            from peft.utils import load_peft_weights
+
+            b.add_lora("agent", r=mc.lora.r, alpha=mc.lora.alpha, target_modules=mc.lora.target_modules)
+            set_peft_model_state_dict(b.model, load_peft_weights(src), adapter_name="agent")
+            adapter = "agent"
+        elif os.path.exists(os.path.join(src, "config.json")):
+            b = load_backend(src, name=cfg.agent.model, seed=cfg.run.seed)
+        else:
+            raise FileNotFoundError(f"{policy}: no adapter or model weights found")
+    return cfg, {cfg.agent.model: b}, spec_binding(cfg.agent, ModelRef(f"{cfg.agent.model}:{policy}", b, adapter))
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from .eval import evaluate, frozen_refs, load_panel, markdown, write_results
+
+    cfg, backends, agent = _agent_binding(args.policy, args.config, args.model, args.set)
+    panel = load_panel(args.panel)
+    if args.episodes:
+        panel.episodes = args.episodes
+    if args.temperature is not None:
+        panel.temperature = args.temperature
+    models = dict(cfg.models)
+    models.update(panel.models)
+    refs = frozen_refs(models, backends, cfg.run.seed)
+    res = evaluate(agent, panel, refs, cfg.env.name, cfg.env.options, args.split, seed=cfg.run.seed,
+                   max_context=cfg.rollout.max_context)
+    title = f"{args.policy} on {os.path.basename(args.panel)} ({args.split})"
+    write_results(res, args.out, title)
+    print(markdown(res, title))
+    print(f"wrote {args.out}/eval.json, eval.md, eval_episodes.jsonl")
+    return 0
+
+
+def cmd_diagnose(args: argparse.Namespace) -> int:
+    import json
+
+    from .eval import diagnose, frozen_refs
+    from .partners.sources import spec_binding
+
+    cfg = load_config(args.spec, args.set)
+    refs = frozen_refs(cfg.models, {}, cfg.run.seed)
+    agent = spec_binding(cfg.agent, refs[cfg.agent.model])
+    partner = spec_binding(cfg.partner, refs[cfg.partner.model])
+    res = diagnose(agent, partner, cfg.env.name, cfg.env.options, args.split, n_tasks=args.tasks, group=args.group,
+                   resamples=args.resamples, seed=cfg.run.seed)
+    print(json.dumps(res, indent=1))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=1)
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from .plot import plot_runs
+
+    for p in plot_runs(args.runs, args.out):
+        print(p)
+    return 0
+
+
+def cmd_data(args: argparse.Namespace) -> int:
+    from .envs.tau2.fetch import fetch
+
+    files = fetch(args.dir)
+    print(f"wrote {len(files)} files under {args.dir}; use env.options.data_dir: {args.dir} or SCOPE_TAU2_DATA")
+    return 0
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from .models.local import load_backend
     from .models.server import make_server
@@ -83,6 +173,35 @@ def main(argv: list[str] | None = None) -> int:
     v.add_argument("--fail-rate", type=float, default=0.0,
                    help="answer this share of requests with 503 (fault-injection testing)")
     v.set_defaults(fn=cmd_serve)
+    e = sub.add_parser("eval", help="evaluate a policy against a panel of partners (seen / unseen)")
+    e.add_argument("--policy", required=True, help="a checkpoint directory (RUN_DIR/checkpoints/step_N, "
+                   "RUN_DIR/best) or 'base'")
+    e.add_argument("--panel", required=True, help="panel YAML: partners marked seen/unseen")
+    e.add_argument("--split", default="test")
+    e.add_argument("--config", help="run config (default: the checkpoint's)")
+    e.add_argument("--model", help="override the agent's model path")
+    e.add_argument("--episodes", type=int, help="episodes per partner (default: the panel's)")
+    e.add_argument("--temperature", type=float, help="agent temperature (default: the panel's, 0)")
+    e.add_argument("--out", default="eval_out")
+    e.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    e.set_defaults(fn=cmd_eval)
+    d = sub.add_parser("diagnose", help="measure a partner's collapse without training")
+    d.add_argument("spec", help="YAML with models, partner (the spec to diagnose), agent and env")
+    d.add_argument("--split", default="train")
+    d.add_argument("--tasks", type=int, default=4)
+    d.add_argument("--group", type=int, default=8, help="rollouts per task")
+    d.add_argument("--resamples", type=int, default=4, help="partner resamples per dialogue (variance split)")
+    d.add_argument("--out", help="also write the JSON here")
+    d.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    d.set_defaults(fn=cmd_diagnose)
+    da = sub.add_parser("data", help="fetch benchmark data files")
+    da.add_argument("name", choices=["tau2"])
+    da.add_argument("dir", nargs="?", default="data/tau2")
+    da.set_defaults(fn=cmd_data)
+    pl = sub.add_parser("plot", help="PNG figures and a score table of one or more runs")
+    pl.add_argument("runs", nargs="+")
+    pl.add_argument("--out", default="plots")
+    pl.set_defaults(fn=cmd_plot)
     args = p.parse_args(argv)
     try:
         return args.fn(args)

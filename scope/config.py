@@ -152,6 +152,14 @@ class TrainConfig(Strict):
     """A group is all-success when every reward is >= this, all-failure when every reward is <= 0."""
 
 
+class EvalConfig(Strict):
+    panel: str | None = None
+    """A panel YAML (partners marked seen/unseen); None: no held-out evaluation during training."""
+    every: int = Field(16, ge=1)
+    select_on: Literal["all", "seen"] = "all"
+    """Best checkpoint by the panel mean over all partners, or over the seen ones only."""
+
+
 class RunConfig(Strict):
     dir: str = "runs/scope"
     seed: int = 0
@@ -170,6 +178,7 @@ class Config(Strict):
     env: EnvConfig = EnvConfig()
     rollout: RolloutConfig = RolloutConfig()
     train: TrainConfig = TrainConfig()
+    eval: EvalConfig = EvalConfig()
 
     @field_validator("models")
     @classmethod

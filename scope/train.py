@@ -11,7 +11,11 @@
 """
 from __future__ import annotations
 
+import json
+import math
+import os
 import random
+import shutil
 import time
 from typing import Callable
 
@@ -22,6 +26,7 @@ from .config import Config
 from .envs import get_env
 from .learner import Learner, LearnerConfig, group_advantages
 from .partners.rewards import apply_partner_reward
+from .diagnostics import CLASSIFIERS, behaviour_stats, group_similarity
 from .rollout import Job, run_rollouts
 from .run import Checkpointer, MetricsLogger, RunDir, rollout_records
 from .setup import build_models
@@ -110,6 +115,9 @@ def train(cfg: Config, resume: bool = False, on_step_end: Callable[[int], None] 
         for pool in pools.values():
             pool.snapshot(0)  # the pool starts with the initial partner
     metrics_log = MetricsLogger(run, start_step=start)
+    evaluator = PanelEval(cfg, backends, trainable["agent"], run) if cfg.eval.panel and "agent" in trainable \
+        else None
+    classify = CLASSIFIERS.get(cfg.env.name)
     log(f"training {list(learners)} on {len(tasks)} {cfg.env.name} tasks ({cfg.env.train_split}); "
         f"{cfg.rollout.n_tasks} tasks x G={cfg.rollout.group_size} per step; run dir {run.path}")
     for step in range(start + 1, cfg.train.steps + 1):
@@ -121,6 +129,10 @@ def train(cfg: Config, resume: bool = False, on_step_end: Callable[[int], None] 
         t1 = time.time()
         m: dict[str, float] = {"step": step}
         m.update(episode_metrics(episodes))
+        m.update({f"agent_{k}": v for k, v in group_similarity(episodes, "agent").items()})
+        if classify is not None:
+            b = behaviour_stats(episodes, classify, "partner")
+            m.update({f"partner_behaviour/{k}": v for k, v in b.items() if k != "states"})
         if cfg.partner.reward != "env":
             apply_partner_reward(cfg.partner.reward, episodes, "partner")
         for owner, learner in learners.items():
@@ -145,6 +157,8 @@ def train(cfg: Config, resume: bool = False, on_step_end: Callable[[int], None] 
             pool.maybe_snapshot(step)
             m[f"{role}/pool_size"] = len(pool.members)
         t2 = time.time()
+        if evaluator is not None and (step % cfg.eval.every == 0 or step == cfg.train.steps):
+            m.update(evaluator.run(step, log))
         m.update(rollout_seconds=t1 - t0, train_seconds=t2 - t1, step_seconds=t2 - t0,
                  tokens_generated=rstats.tokens_generated,
                  tokens_per_second=rstats.tokens_generated / max(t1 - t0, 1e-9))
@@ -161,6 +175,52 @@ def train(cfg: Config, resume: bool = False, on_step_end: Callable[[int], None] 
             on_step_end(step)
     metrics_log.close()
     return run
+
+
+class PanelEval:
+    """Evaluation on the held-out panel every ``eval.every`` steps; keeps the best adapter in RUN_DIR/best."""
+
+    def __init__(self, cfg: Config, backends: dict, agent_ref, run: RunDir):
+        from .eval import frozen_refs, load_panel
+        from .partners.sources import spec_binding
+
+        self.cfg, self.rundir = cfg, run
+        self.panel = load_panel(cfg.eval.panel)
+        models = dict(cfg.models)
+        models.update(self.panel.models)
+        self.refs = frozen_refs(models, backends, cfg.run.seed)
+        self.agent = spec_binding(cfg.agent, agent_ref)
+        self.best_path = run.file("best", "best.json")
+        self.best = json.load(open(self.best_path))["score"] if os.path.exists(self.best_path) else -math.inf
+
+    def run(self, step: int, log: Callable[[str], None]) -> dict[str, float]:
+        from .eval import evaluate, write_results
+
+        c = self.cfg
+        res = evaluate(self.agent, self.panel, self.refs, c.env.name, c.env.options,
+                       self.panel.split or c.env.eval_split, seed=c.run.seed + step, max_context=c.rollout.max_context)
+        write_results(res, self.rundir.file("eval", f"step_{step:06d}"), f"step {step}")
+        out = {"eval/panel_mean": res["panel_mean"], "eval/panel_std": res["panel_std"],
+               "eval/seen_mean": res["seen_mean"], "eval/unseen_mean": res["unseen_mean"]}
+        out.update({f"eval/partner/{k}": v["mean"] for k, v in res["per_partner"].items()})
+        score = res["seen_mean"] if c.eval.select_on == "seen" else res["panel_mean"]
+        if not math.isnan(score) and score > self.best:
+            self.best = score
+            ref = self.agent.ref
+            tmp = self.rundir.file("best.tmp")
+            shutil.rmtree(tmp, ignore_errors=True)
+            if ref.adapter is not None:
+                ref.backend.model.save_pretrained(tmp, selected_adapters=[ref.adapter])
+            else:
+                ref.backend.model.save_pretrained(tmp)
+            with open(os.path.join(tmp, "best.json"), "w") as fh:
+                json.dump({"step": step, "score": score, "select_on": c.eval.select_on, **out}, fh, indent=1)
+            shutil.rmtree(self.rundir.file("best"), ignore_errors=True)
+            os.replace(tmp, self.rundir.file("best"))
+            out["eval/best_step"] = step
+        log(f"  eval step {step}: panel {res['panel_mean']:.3f}±{res['panel_std']:.3f} seen {res['seen_mean']:.3f} "
+            f"unseen {res['unseen_mean']:.3f} (best {self.best:.3f})")
+        return out
 
 
 def episode_metrics(episodes: list[Episode]) -> dict[str, float]:

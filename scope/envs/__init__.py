@@ -1,5 +1,6 @@
 """Environments register themselves by name; importing this package registers the built-in ones."""
 from .base import ENVS, Env, get_env, register_env
 from . import p4g  # noqa: F401  (registers "p4g")
+from . import tau2  # noqa: F401  (registers "tau2_retail", "tau2_airline")
 
 __all__ = ["ENVS", "Env", "get_env", "register_env"]

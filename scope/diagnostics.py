@@ -1,0 +1,162 @@
+"""Collapse diagnostics: within-group similarity of the agent's turns, partner behaviour classes
+(modal mass at visited states), and the partner/agent decomposition of the group reward variance.
+
+Behaviour classifiers are registered per environment name; P4G's default sorts a persuadee reply
+into donate / refuse / question / push_back / other with rules.
+"""
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from typing import Callable, Sequence
+
+from .types import Episode
+
+CLASSIFIERS: dict[str, Callable[[str], str]] = {}
+
+
+def register_classifier(env_name: str):
+    def deco(fn: Callable[[str], str]) -> Callable[[str], str]:
+        CLASSIFIERS[env_name] = fn
+        return fn
+
+    return deco
+
+
+@register_classifier("p4g")
+def p4g_behaviour(text: str) -> str:
+    from .envs.p4g import parse_donation
+
+    t = text.lower()
+    if parse_donation(text) is not None:
+        return "donate"
+    if re.search(r"\b(no|nope|won'?t|will not|not interested|can'?t|cannot|don'?t want|refuse|pass)\b", t):
+        return "refuse"
+    if re.search(r"\b(but|however|not sure|why should|doubt|prove|skeptic|scam)\b", t):
+        return "push_back"
+    if "?" in t:
+        return "question"
+    return "other"
+
+
+# ---- within-group similarity -------------------------------------------------------------------
+def _tokens(text: str) -> list[str]:
+    return re.findall(r"\w+|[^\w\s]", text.lower())
+
+
+def _ngrams(toks: list[str], n: int) -> list[tuple[str, ...]]:
+    return [tuple(toks[i:i + n]) for i in range(len(toks) - n + 1)]
+
+
+def distinct_n(texts: Sequence[str], n: int = 2) -> float:
+    """Unique n-grams / all n-grams over the texts (1.0 = no repetition; 0 when there are none)."""
+    grams = [g for t in texts for g in _ngrams(_tokens(t), n)]
+    return len(set(grams)) / len(grams) if grams else 0.0
+
+
+def bleu(hyp: str, refs: Sequence[str], max_n: int = 4) -> float:
+    """Sentence BLEU-4 with the brevity penalty; the 2- to 4-gram precisions are add-one smoothed (Lin and
+    Och's smoothing), the unigram precision is not, so texts with no word in common score 0."""
+    h = _tokens(hyp)
+    rs = [_tokens(r) for r in refs]
+    if not h or not rs:
+        return 0.0
+    logp = 0.0
+    for n in range(1, max_n + 1):
+        hc = Counter(_ngrams(h, n))
+        maxref: Counter = Counter()
+        for r in rs:
+            for g, c in Counter(_ngrams(r, n)).items():
+                maxref[g] = max(maxref[g], c)
+        match = sum(min(c, maxref[g]) for g, c in hc.items())
+        total = max(len(h) - n + 1, 0)
+        if n == 1:
+            if match == 0:
+                return 0.0
+            logp += math.log(match / total)
+        else:
+            logp += math.log((match + 1) / (total + 1))
+    closest = min((abs(len(r) - len(h)), len(r)) for r in rs)[1]
+    bp = 1.0 if len(h) > closest else math.exp(1 - closest / max(len(h), 1))
+    return bp * math.exp(logp / max_n)
+
+
+def self_bleu(texts: Sequence[str]) -> float:
+    """Mean BLEU of each text against the others (1.0 = identical rollouts)."""
+    texts = [t for t in texts if t.strip()]
+    if len(texts) < 2:
+        return 0.0
+    return sum(bleu(t, texts[:i] + texts[i + 1:]) for i, t in enumerate(texts)) / len(texts)
+
+
+def _role_text(ep: Episode, role: str) -> str:
+    return "\n".join(m["content"] for m in ep.messages if m["role"] == role)
+
+
+def _groups(episodes: Sequence[Episode]) -> dict[str, list[Episode]]:
+    g: dict[str, list[Episode]] = {}
+    for e in episodes:
+        if not e.failed:
+            g.setdefault(e.group_id, []).append(e)
+    return g
+
+
+def group_similarity(episodes: Sequence[Episode], role: str = "agent") -> dict[str, float]:
+    d1, d2, sb = [], [], []
+    for eps in _groups(episodes).values():
+        if len(eps) < 2:
+            continue
+        texts = [_role_text(e, role) for e in eps]
+        d1.append(distinct_n(texts, 1))
+        d2.append(distinct_n(texts, 2))
+        sb.append(self_bleu(texts))
+    mean = lambda x: sum(x) / len(x) if x else 0.0  # noqa: E731
+    return {"distinct_1": mean(d1), "distinct_2": mean(d2), "self_bleu": mean(sb)}
+
+
+# ---- partner behaviour ------------------------------------------------------------------------
+def behaviour_stats(episodes: Sequence[Episode], classify: Callable[[str], str], role: str = "partner"
+                    ) -> dict[str, float]:
+    """Modal mass of ``role``'s behaviour classes at visited states.
+
+    A state is (task group, turn index): the G rollouts of a task that reached turn t. Its modal mass is
+    the share of the most frequent class among their replies at t; the estimate is the mean over
+    states visited by at least two rollouts (1.0 = the partner always does the same thing there).
+    Also returns the overall class shares.
+    """
+    states: dict[tuple[str, int], list[str]] = {}
+    overall: Counter = Counter()
+    for gid, eps in _groups(episodes).items():
+        for e in eps:
+            turns = [m["content"] for m in e.messages if m["role"] == role]
+            for t, text in enumerate(turns):
+                c = classify(text)
+                states.setdefault((gid, t), []).append(c)
+                overall[c] += 1
+    masses = [Counter(cs).most_common(1)[0][1] / len(cs) for cs in states.values() if len(cs) >= 2]
+    out = {"modal_mass": sum(masses) / len(masses) if masses else float("nan"), "states": float(len(masses))}
+    n = sum(overall.values())
+    for c, k in overall.items():
+        out[f"class/{c}"] = k / n
+    return out
+
+
+# ---- variance decomposition -------------------------------------------------------------------
+def variance_decomposition(rewards: Sequence[Sequence[float]]) -> dict[str, float]:
+    """Law of total variance over nested samples: rewards[i][j] is the reward of the j-th partner
+    resample with the agent's turns of sample i held fixed.
+
+    partner = E_i[Var_j R], agent = Var_i[E_j R] (population variances); total = partner + agent.
+    """
+    rows = [list(r) for r in rewards if len(r) > 0]
+    if not rows:
+        return {"total": 0.0, "partner": 0.0, "agent": 0.0, "partner_share": float("nan")}
+    means = [sum(r) / len(r) for r in rows]
+    within = [sum((x - m) ** 2 for x in r) / len(r) for r, m in zip(rows, means)]
+    partner = sum(within) / len(within)
+    gm = sum(means) / len(means)
+    agent = sum((m - gm) ** 2 for m in means) / len(means)
+    total = partner + agent
+    return {"total": total, "partner": partner, "agent": agent,
+            "partner_share": partner / total if total > 0 else float("nan")}

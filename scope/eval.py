@@ -1,0 +1,206 @@
+"""Held-out evaluation panels and partner diagnosis.
+
+A panel is a list of partner specs, each marked ``seen`` (trained against) or ``unseen``. The agent
+plays ``episodes`` dialogues against each on the evaluation split, at the evaluation temperature
+(default 0). Reported: per-partner mean reward, the panel mean and std across partners, and the
+seen and unseen means, as JSON and as a markdown table.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+from typing import Any
+
+import yaml
+from pydantic import Field, ValidationError
+
+from .config import ConfigError, ModelConfig, PartnerSpec, Strict, _format
+from .diagnostics import CLASSIFIERS, behaviour_stats, group_similarity, variance_decomposition
+from .envs import get_env
+from .partners.sources import Binding, spec_binding
+from .rollout import Job, run_rollouts
+from .types import Completion, Episode, SamplingParams
+
+
+class PanelEntry(PartnerSpec):
+    seen: bool = False
+
+
+class Panel(Strict):
+    models: dict[str, ModelConfig] = {}
+    partners: list[PanelEntry]
+    episodes: int = Field(8, ge=1)
+    temperature: float = Field(0.0, ge=0)
+    """The agent's sampling temperature during evaluation."""
+    split: str | None = None
+
+
+def load_panel(path_or_data: str | dict) -> Panel:
+    if isinstance(path_or_data, str):
+        with open(path_or_data) as f:
+            data = yaml.safe_load(f) or {}
+    else:
+        data = path_or_data
+    try:
+        panel = Panel.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_format(e).replace("invalid config", "invalid panel")) from None
+    ids = [p.spec_id() for p in panel.partners]
+    if len(set(ids)) != len(ids):
+        raise ConfigError(f"invalid panel: partner ids repeat: {ids}")
+    return panel
+
+
+def frozen_refs(models: dict[str, ModelConfig], backends: dict, seed: int = 0) -> dict[str, Any]:
+    """A frozen ModelRef (base weights) or endpoint client per model name, reusing loaded backends."""
+    from .models.local import ModelRef, load_backend
+    from .models.openai_backend import OpenAIRef
+
+    out = {}
+    for name, mc in models.items():
+        if mc.backend == "openai":
+            out[name] = OpenAIRef(id=name, base_url=mc.base_url, model=mc.model_name, api_key_env=mc.api_key_env,
+                                  timeout=mc.timeout, concurrency=mc.concurrency, max_retries=mc.max_retries,
+                                  backoff=mc.backoff, json_schema=mc.json_schema, seed=seed)
+            continue
+        key = f"{name}#frozen" if f"{name}#frozen" in backends else name  # not the fully fine-tuned copy
+        if key not in backends:
+            backends[key] = load_backend(mc.path, name=name, seed=seed, dtype=mc.dtype)
+        out[name] = ModelRef(id=f"{name}:base", backend=backends[key])
+    return out
+
+
+def evaluate(agent: Binding, panel: Panel, refs: dict[str, Any], env_name: str, env_options: dict,
+             split: str, seed: int = 0, max_context: int = 4096) -> dict[str, Any]:
+    env_cls = get_env(env_name)
+    tasks = env_cls.load_tasks(split, **env_options)
+    if not tasks:
+        raise ValueError(f"no {env_name} tasks in split {split!r}")
+    agent = Binding(id=agent.id, ref=agent.ref, vs=agent.vs, note=agent.note,
+                    sampling=SamplingParams(temperature=panel.temperature, top_p=agent.sampling.top_p,
+                                            max_new_tokens=agent.sampling.max_new_tokens, stop=agent.sampling.stop))
+    rng = random.Random(seed)
+    jobs, owner = [], []
+    uid = 10_000_000
+    for p in panel.partners:
+        if p.model not in refs:
+            raise ConfigError(f"panel partner {p.spec_id()!r}: model {p.model!r} is not defined")
+        b = spec_binding(p, refs[p.model])
+        for i in range(panel.episodes):
+            task = tasks[i % len(tasks)]
+            ep = Episode(task_id=task.id, group_id=f"eval:{p.spec_id()}:{task.id}", copy=i // len(tasks))
+            jobs.append(Job(env=env_cls(task, random.Random(rng.random()), **env_options), episode=ep,
+                            refs={"agent": agent, "partner": b}, uid=uid))
+            owner.append(p)
+            uid += 1
+    episodes, _ = run_rollouts(jobs, max_context=max_context, end_on_truncation=False)
+    per: dict[str, dict[str, Any]] = {}
+    for p in panel.partners:
+        eps = [e for e, o in zip(episodes, owner) if o is p]
+        ok = [e.rewards.get("agent", 0.0) for e in eps if not e.failed]
+        per[p.spec_id()] = {"mean": sum(ok) / len(ok) if ok else float("nan"), "n": len(ok),
+                            "failed": len(eps) - len(ok), "seen": p.seen}
+    return summarize(per) | {"episodes": [e.summary() for e in episodes]}
+
+
+def _mean_std(xs: list[float]) -> tuple[float, float]:
+    xs = [x for x in xs if not math.isnan(x)]
+    if not xs:
+        return float("nan"), float("nan")
+    m = sum(xs) / len(xs)
+    return m, math.sqrt(sum((x - m) ** 2 for x in xs) / len(xs))
+
+
+def summarize(per: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    means = [v["mean"] for v in per.values()]
+    m, s = _mean_std(means)
+    seen, _ = _mean_std([v["mean"] for v in per.values() if v["seen"]])
+    unseen, _ = _mean_std([v["mean"] for v in per.values() if not v["seen"]])
+    return {"per_partner": per, "panel_mean": m, "panel_std": s, "seen_mean": seen, "unseen_mean": unseen}
+
+
+def markdown(res: dict[str, Any], title: str = "evaluation") -> str:
+    f = lambda x: "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3f}"  # noqa: E731
+    lines = [f"### {title}", "", "| partner | seen | mean reward | episodes | failed |", "|---|---|---|---|---|"]
+    for pid, v in res["per_partner"].items():
+        lines.append(f"| {pid} | {'yes' if v['seen'] else 'no'} | {f(v['mean'])} | {v['n']} | {v['failed']} |")
+    lines += ["", f"panel mean {f(res['panel_mean'])} ± {f(res['panel_std'])} (std across partners); "
+                  f"seen {f(res['seen_mean'])}; unseen {f(res['unseen_mean'])}", ""]
+    return "\n".join(lines)
+
+
+def write_results(res: dict[str, Any], out_dir: str, title: str = "evaluation") -> None:
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "eval.json"), "w") as fh:
+        json.dump({k: v for k, v in res.items() if k != "episodes"}, fh, indent=1)
+    with open(os.path.join(out_dir, "eval_episodes.jsonl"), "w") as fh:
+        for e in res.get("episodes", []):
+            fh.write(json.dumps(e, ensure_ascii=False) + "\n")
+    with open(os.path.join(out_dir, "eval.md"), "w") as fh:
+        fh.write(markdown(res, title))
+
+
+# ---- diagnosis of a partner -----------------------------------------------------------------------
+class ReplayRef:
+    """An agent that repeats the turns of a recorded dialogue, in order (for nested resampling)."""
+
+    chat, trainable, version = True, False, 0
+
+    def __init__(self, turns: list[str]):
+        self.turns, self.i, self.id = turns, 0, "replay"
+
+    def drop_sessions(self, keys) -> None:
+        pass
+
+    def chat_generate(self, convs, sampling, response_format=None):
+        out = []
+        for _ in convs:
+            if self.i >= len(self.turns):
+                out.append(RuntimeError("replayed dialogue has no more agent turns"))
+                continue
+            out.append(Completion(self.turns[self.i], [], [], "eos", model_id="replay"))
+            self.i += 1
+        return out
+
+
+def diagnose(agent: Binding, partner: Binding, env_name: str, env_options: dict, split: str,
+             n_tasks: int = 4, group: int = 8, resamples: int = 4, seed: int = 0) -> dict[str, Any]:
+    """Partner collapse without training: behaviour modal mass and similarity over G rollouts per task,
+    and the variance decomposition from ``resamples`` partner replays per first-stage rollout."""
+    env_cls = get_env(env_name)
+    tasks = env_cls.load_tasks(split, **env_options)[:n_tasks]
+    rng = random.Random(seed)
+    jobs = []
+    for ti, task in enumerate(tasks):
+        for g in range(group):
+            jobs.append(Job(env=env_cls(task, random.Random(rng.random()), **env_options),
+                            episode=Episode(task.id, f"diag:{ti}", g), refs={"agent": agent, "partner": partner},
+                            uid=20_000_000 + ti * group + g))
+    first, _ = run_rollouts(jobs, end_on_truncation=False)
+    classify = CLASSIFIERS.get(env_name, lambda t: "other")
+    out: dict[str, Any] = {"behaviour": behaviour_stats(first, classify),
+                           "partner_similarity": group_similarity(first, "partner"),
+                           "agent_similarity": group_similarity(first, "agent")}
+    # nested resampling: hold each first-stage dialogue's agent turns fixed, resample the partner
+    base = [e for e in first if not e.failed]
+    nested, owners = [], []
+    for k, e in enumerate(base):
+        turns = [m["content"] for m in e.messages if m["role"] == "agent"]
+        task = next(t for t in tasks if t.id == e.task_id)
+        opts = dict(env_options, max_turns=len(turns))
+        for j in range(resamples):
+            nested.append(Job(env=env_cls(task, random.Random(rng.random()), **opts),
+                              episode=Episode(task.id, f"nest:{k}", j),
+                              refs={"agent": Binding("replay", ReplayRef(turns), agent.sampling), "partner": partner},
+                              uid=30_000_000 + k * resamples + j))
+            owners.append(k)
+    eps, _ = run_rollouts(nested, end_on_truncation=False)
+    rewards: dict[int, list[float]] = {}
+    for e, k in zip(eps, owners):
+        if not e.failed:
+            rewards.setdefault(k, []).append(e.rewards.get("agent", 0.0))
+    out["variance"] = variance_decomposition(list(rewards.values()))
+    out["first_stage_reward_mean"] = sum(e.rewards.get("agent", 0.0) for e in base) / max(len(base), 1)
+    return out

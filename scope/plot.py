@@ -1,0 +1,91 @@
+"""``scope plot RUN_DIR [RUN_DIR ...]``: PNG figures of several runs overlaid, and a markdown table of
+best and final held-out scores per run."""
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+from .run import read_metrics
+
+FIGURES = [
+    ("train_reward.png", "training reward", "reward_mean", "reward_std"),
+    ("heldout_reward.png", "held-out panel reward (band: std across partners)", "eval/panel_mean", "eval/panel_std"),
+    ("policy_entropy.png", "policy token entropy", "policy_entropy", None),
+    ("zero_variance.png", "zero-variance group fraction", "zero_variance_frac", None),
+    ("turns.png", "conversation turns", "turns_mean", None),
+]
+
+
+def _series(ms: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
+    xs, ys = [], []
+    for m in ms:
+        v = m.get(key)
+        if isinstance(v, (int, float)) and not math.isnan(v):
+            xs.append(int(m["step"]))
+            ys.append(float(v))
+    return xs, ys
+
+
+def label_of(run_dir: str) -> str:
+    return os.path.basename(os.path.normpath(run_dir))
+
+
+def plot_runs(run_dirs: list[str], out_dir: str) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = {label_of(d): read_metrics(d) for d in run_dirs}
+    os.makedirs(out_dir, exist_ok=True)
+    written = []
+    for fname, title, key, band in FIGURES:
+        fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=100)
+        drawn = False
+        for label, ms in runs.items():
+            xs, ys = _series(ms, key)
+            if not xs:
+                continue
+            line, = ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, ms=3, label=label)
+            if band:
+                bx, bs = _series(ms, band)
+                sd = dict(zip(bx, bs))
+                lo = [y - sd.get(x, 0.0) for x, y in zip(xs, ys)]
+                hi = [y + sd.get(x, 0.0) for x, y in zip(xs, ys)]
+                ax.fill_between(xs, lo, hi, alpha=0.2, color=line.get_color())
+            drawn = True
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.set_ylabel(key)
+        ax.grid(alpha=0.3)
+        if drawn:
+            ax.legend(fontsize=8)
+        else:
+            ax.text(0.5, 0.5, f"no '{key}' in these runs", ha="center", va="center", transform=ax.transAxes)
+        path = os.path.join(out_dir, fname)
+        fig.tight_layout()
+        fig.savefig(path)
+        plt.close(fig)
+        written.append(path)
+    table = scores_table(runs)
+    path = os.path.join(out_dir, "scores.md")
+    with open(path, "w") as f:
+        f.write(table)
+    written.append(path)
+    return written
+
+
+def scores_table(runs: dict[str, list[dict[str, Any]]]) -> str:
+    f = lambda x: "n/a" if x is None else f"{x:.3f}"  # noqa: E731
+    lines = ["| run | best held-out (step) | final held-out | final unseen | final train reward |",
+             "|---|---|---|---|---|"]
+    for label, ms in runs.items():
+        xs, ys = _series(ms, "eval/panel_mean")
+        best = max(zip(ys, xs)) if ys else None
+        _, unseen = _series(ms, "eval/unseen_mean")
+        _, tr = _series(ms, "reward_mean")
+        lines.append(f"| {label} | {f(best[0]) + f' ({best[1]})' if best else 'n/a'} | "
+                     f"{f(ys[-1]) if ys else 'n/a'} | {f(unseen[-1]) if unseen else 'n/a'} | "
+                     f"{f(tr[-1]) if tr else 'n/a'} |")
+    return "\n".join(lines) + "\n"

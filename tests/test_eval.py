@@ -1,0 +1,175 @@
+"""Evaluation panels, diagnostics with known values, best-checkpoint selection and plots."""
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from scope.config import ConfigError, parse_config
+from scope.diagnostics import (behaviour_stats, bleu, distinct_n, group_similarity, p4g_behaviour, self_bleu,
+                               variance_decomposition)
+from scope.eval import load_panel, markdown, summarize
+from scope.plot import plot_runs
+from scope.run import read_metrics
+from scope.train import train
+from scope.types import Episode
+
+
+def test_variance_decomposition_known_cases():
+    # all variation comes from the partner: each agent sample sees rewards 0 and 1
+    v = variance_decomposition([[0, 1], [0, 1], [1, 0]])
+    assert (v["partner"], v["agent"], v["partner_share"]) == (0.25, 0.0, 1.0)
+    # all from the agent: the partner always answers the same way
+    v = variance_decomposition([[1, 1], [0, 0]])
+    assert (v["partner"], v["agent"], v["partner_share"]) == (0.0, 0.25, 0.0)
+    # mixed: within variances 0.25 and 0, means 0.5 and 1 -> agent var 0.0625
+    v = variance_decomposition([[0, 1], [1, 1]])
+    assert v["partner"] == pytest.approx(0.125) and v["agent"] == pytest.approx(0.0625)
+    assert v["total"] == pytest.approx(0.1875)  # = the variance of all four rewards
+
+
+def test_similarity_measures():
+    assert distinct_n(["a b a b"], 1) == 0.5
+    assert distinct_n(["a b c", "d e f"], 2) == 1.0
+    assert self_bleu(["the cat sat on the mat"] * 3) == pytest.approx(1.0)
+    assert self_bleu(["alpha beta gamma delta", "one two three four five"]) < 0.2
+    assert bleu("", ["x"]) == 0.0
+
+
+def ep(gid, agent, partner, reward=0.0):
+    msgs = []
+    for a, p in zip(agent, partner):
+        msgs += [{"role": "agent", "content": a}, {"role": "partner", "content": p}]
+    return Episode(gid, gid, 0, messages=msgs, rewards={"agent": reward}, status="done")
+
+
+def test_behaviour_modal_mass_at_visited_states():
+    eps = [ep("g", ["hi", "give?"], ["Why?", "Okay [DONATE $1]"]),
+           ep("g", ["hi", "give?"], ["Why?", "No, I won't."]),
+           ep("g", ["hi", "give?"], ["Why?", "But is it real?"]),
+           ep("h", ["hi"], ["Hello there"])]  # a state visited once is not counted
+    b = behaviour_stats(eps, p4g_behaviour)
+    # states (g,0): question x3 -> 1.0; (g,1): donate/refuse/push_back -> 1/3
+    assert b["modal_mass"] == pytest.approx((1.0 + 1 / 3) / 2)
+    assert b["class/question"] == pytest.approx(3 / 7) and b["class/donate"] == pytest.approx(1 / 7)
+    s = group_similarity(eps, "agent")
+    assert s["self_bleu"] == pytest.approx(1.0)
+
+
+def test_p4g_behaviour_classes():
+    assert p4g_behaviour("Sure [DONATE $2]") == "donate"
+    assert p4g_behaviour("No thanks.") == "refuse"
+    assert p4g_behaviour("Hmm, but how do I know?") == "push_back"
+    assert p4g_behaviour("What does the charity do?") == "question"
+    assert p4g_behaviour("I like dogs.") == "other"
+
+
+def test_panel_summary_and_markdown():
+    per = {"a": {"mean": 0.5, "n": 4, "failed": 0, "seen": True},
+           "b": {"mean": 0.1, "n": 4, "failed": 1, "seen": False},
+           "c": {"mean": 0.3, "n": 4, "failed": 0, "seen": False}}
+    r = summarize(per)
+    assert r["panel_mean"] == pytest.approx(0.3) and r["panel_std"] == pytest.approx(math.sqrt(0.08 / 3))
+    assert r["seen_mean"] == 0.5 and r["unseen_mean"] == pytest.approx(0.2)
+    md = markdown(r)
+    assert "| b | no | 0.100 | 4 | 1 |" in md and "unseen 0.200" in md
+
+
+def test_panel_validation(tmp_path):
+    with pytest.raises(ConfigError, match="partners"):
+        load_panel({})
+    with pytest.raises(ConfigError, match="repeat"):
+        load_panel({"partners": [{"id": "x"}, {"id": "x"}]})
+    with pytest.raises(ConfigError, match="partners.0.temprature: unknown key"):
+        load_panel({"partners": [{"temprature": 1}]})
+
+
+def write_run(d, rows):
+    os.makedirs(d)
+    with open(os.path.join(d, "metrics.jsonl"), "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+
+
+def test_plot_writes_readable_pngs_and_a_score_table(tmp_path):
+    a = tmp_path / "rl_single"
+    b = tmp_path / "population"
+    write_run(a, [{"step": s, "reward_mean": 0.1 * s, "reward_std": 0.1, "policy_entropy": 2 - 0.1 * s,
+                   "zero_variance_frac": 0.1 * s, "turns_mean": 6, "eval/panel_mean": [0.2, 0.5, 0.3][s - 1],
+                   "eval/panel_std": 0.05, "eval/unseen_mean": [0.1, 0.4, 0.2][s - 1]} for s in (1, 2, 3)])
+    write_run(b, [{"step": s, "reward_mean": 0.05 * s, "policy_entropy": 2.0, "zero_variance_frac": 0.2,
+                   "turns_mean": 7} for s in (1, 2, 3)])
+    out = tmp_path / "plots"
+    files = plot_runs([str(a), str(b)], str(out))
+    import matplotlib.image as mpimg
+
+    pngs = [f for f in files if f.endswith(".png")]
+    assert len(pngs) == 5
+    for p in pngs:
+        img = mpimg.imread(p)
+        assert img.shape[0] > 100 and img.shape[1] > 100 and img.std() > 0
+    table = open(out / "scores.md").read()
+    assert "| rl_single | 0.500 (2) | 0.300 | 0.200 | 0.300 |" in table
+    assert "| population | n/a | n/a | n/a | 0.150 |" in table
+
+
+def tiny(run_dir, panel_path, steps=2, select_on="all"):
+    return parse_config({
+        "run": {"dir": str(run_dir), "save_every": 1, "progress": False},
+        "models": {"policy": {"path": "tiny-random"}},
+        "agent": {"model": "policy", "trainable": True, "max_new_tokens": 10},
+        "partner": {"model": "policy", "max_new_tokens": 10},
+        "env": {"name": "p4g", "options": {"max_turns": 1, "force_decision": True}},
+        "rollout": {"n_tasks": 2, "group_size": 2, "end_on_truncation": False},
+        "train": {"steps": steps, "lr": 1e-3},
+        "eval": {"panel": str(panel_path), "every": 1, "select_on": select_on}})
+
+
+PANEL = """
+episodes: 3
+partners:
+  - {id: seen-p, seen: true, model: policy, temperature: 0.7, max_new_tokens: 10}
+  - {id: unseen-p, seen: false, model: policy, temperature: 1.0, max_new_tokens: 10, note: "Be brief."}
+"""
+
+
+def test_training_evaluates_the_panel_and_keeps_the_best(tmp_path):
+    panel = tmp_path / "panel.yaml"
+    panel.write_text(PANEL)
+    train(tiny(tmp_path / "run", panel), log=lambda s: None)
+    ms = read_metrics(str(tmp_path / "run"))
+    for m in ms:
+        for k in ("eval/panel_mean", "eval/panel_std", "eval/seen_mean", "eval/unseen_mean",
+                  "eval/partner/seen-p", "eval/partner/unseen-p", "agent_self_bleu", "partner_behaviour/modal_mass"):
+            assert k in m, k
+        assert m["eval/panel_mean"] == pytest.approx((m["eval/partner/seen-p"] + m["eval/partner/unseen-p"]) / 2)
+    best = json.load(open(tmp_path / "run" / "best" / "best.json"))
+    assert best["score"] == max(m["eval/panel_mean"] for m in ms)
+    assert (tmp_path / "run" / "best" / "agent" / "adapter_model.safetensors").exists()
+    assert (tmp_path / "run" / "eval" / "step_000001" / "eval.md").exists()
+    # scope eval on the saved checkpoint, from the command line
+    out = tmp_path / "ev"
+    r = subprocess.run([sys.executable, "-m", "scope.cli", "eval", "--policy",
+                        str(tmp_path / "run" / "checkpoints" / "step_000002"), "--panel", str(panel),
+                        "--split", "test", "--episodes", "2", "--out", str(out)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    res = json.load(open(out / "eval.json"))
+    assert set(res["per_partner"]) == {"seen-p", "unseen-p"} and res["per_partner"]["seen-p"]["n"] == 2
+    assert "| seen-p | yes |" in r.stdout
+
+
+def test_diagnose_command(tmp_path):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("models: {policy: {path: tiny-random}}\n"
+                    "agent: {model: policy, max_new_tokens: 8}\npartner: {model: policy, max_new_tokens: 8}\n"
+                    "env: {name: p4g, options: {max_turns: 1, force_decision: true}}\n")
+    out = tmp_path / "d.json"
+    r = subprocess.run([sys.executable, "-m", "scope.cli", "diagnose", str(spec), "--tasks", "2", "--group", "3",
+                        "--resamples", "2", "--out", str(out)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    d = json.load(open(out))
+    assert 0 <= d["behaviour"]["modal_mass"] <= 1
+    v = d["variance"]
+    assert v["total"] == pytest.approx(v["partner"] + v["agent"])
