@@ -46,6 +46,12 @@ def test_shipped_configs_validate():
     assert files
     for f in files:
         load_config(f)
+    from scope.eval import load_panel
+
+    panels = glob.glob(os.path.join(root, "configs", "panels", "*.yaml"))
+    assert panels
+    for f in panels:
+        load_panel(f)
 
 
 def test_cli_reports_bad_key(tmp_path):
