@@ -37,7 +37,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def _agent_binding(policy: str, cfg_path: str | None, model: str | None, overrides: list[str]):
     """The agent to evaluate: a checkpoint directory (its config and adapter) or 'base'."""
-    from .config import Config, parse_config
+    from .config import apply_override, parse_config
     from .models.local import ModelRef, load_backend
     from .partners.sources import spec_binding
 
@@ -45,7 +45,13 @@ def _agent_binding(policy: str, cfg_path: str | None, model: str | None, overrid
         cfg_path = cfg_path or os.path.join(policy, "config.yaml")
         if not os.path.exists(cfg_path):
             cfg_path = os.path.join(os.path.dirname(os.path.dirname(os.path.normpath(policy))), "config.yaml")
-    cfg = load_config(cfg_path, overrides) if cfg_path and os.path.exists(cfg_path) else parse_config({})
+    if cfg_path and os.path.exists(cfg_path):
+        cfg = load_config(cfg_path, overrides)
+    else:
+        data: dict = {}
+        for ov in overrides:
+            apply_override(data, ov)
+        cfg = parse_config(data)
     if model:
         cfg.models[cfg.agent.model].path = model
     mc = cfg.models[cfg.agent.model]

@@ -516,17 +516,21 @@ def a_send_certificate(db, user_id, amount):
     raise ToolError("Too many certificates")
 
 
-def a_update_reservation_baggages(db, reservation_id, total_baggages, nonfree_baggages, payment_id):
-    rk, res = _a_res(db, reservation_id)
-    _, user = _a_user(db, res["user_id"])
-    total = 50 * max(0, nonfree_baggages - res["nonfree_baggages"])
-    if payment_id not in user["payment_methods"]:
-        raise ToolError("Payment method not found")
+def _charge_update(db, reservation_key: str, payment_id: str, total: int) -> dict:
+    """Charge (or refund) an update to a reservation; return the reservation, ready to modify.
+    Nothing changes if the payment is refused (an unmodified copy does not count as a change)."""
+    res = db.get("reservations", reservation_key)
     _, user = _a_user(db, res["user_id"], write=True)
     payment = _pay_for_update(user, payment_id, total)
-    _, res = _a_res(db, rk, write=True)
+    _, res = _a_res(db, reservation_key, write=True)
     if payment is not None:
         res["payment_history"].append(payment)
+    return res
+
+
+def a_update_reservation_baggages(db, reservation_id, total_baggages, nonfree_baggages, payment_id):
+    rk, res = _a_res(db, reservation_id)
+    res = _charge_update(db, rk, payment_id, 50 * max(0, nonfree_baggages - res["nonfree_baggages"]))
     res["total_baggages"], res["nonfree_baggages"] = total_baggages, nonfree_baggages
     return res
 
@@ -536,7 +540,6 @@ def a_update_reservation_flights(db, reservation_id, cabin, flights, payment_id)
     if cabin not in CABINS:
         raise ToolError(f"Invalid cabin {cabin!r}")
     rk, res = _a_res(db, reservation_id)
-    _, user = _a_user(db, res["user_id"])
     n = len(res["passengers"])
     total, new_flights = 0, []
     for fi in flights:
@@ -556,13 +559,7 @@ def a_update_reservation_flights(db, reservation_id, cabin, flights, payment_id)
                             "origin": f["origin"], "destination": f["destination"]})
         total += d["prices"][cabin] * n
     total -= sum(rf["price"] for rf in res["flights"]) * n
-    if payment_id not in user["payment_methods"]:
-        raise ToolError("Payment method not found")
-    _, user = _a_user(db, res["user_id"], write=True)
-    payment = _pay_for_update(user, payment_id, total)
-    _, res = _a_res(db, rk, write=True)
-    if payment is not None:
-        res["payment_history"].append(payment)
+    res = _charge_update(db, rk, payment_id, total)
     res["flights"], res["cabin"] = new_flights, cabin
     return res
 
