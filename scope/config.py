@@ -160,6 +160,14 @@ class EvalConfig(Strict):
     """Best checkpoint by the panel mean over all partners, or over the seen ones only."""
 
 
+class DiagnosticsConfig(Strict):
+    decompose_every: int = Field(0, ge=0)
+    """Every this many steps (0: never), split the group reward variance into partner and agent parts by
+    nested resampling on a sample of this step's tasks (the agent's turns replayed, the partner resampled)."""
+    decompose_tasks: int = Field(2, ge=1)
+    decompose_resamples: int = Field(4, ge=2)
+
+
 class RunConfig(Strict):
     dir: str = "runs/scope"
     seed: int = 0
@@ -179,6 +187,7 @@ class Config(Strict):
     rollout: RolloutConfig = RolloutConfig()
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
+    diagnostics: DiagnosticsConfig = DiagnosticsConfig()
 
     @field_validator("models")
     @classmethod

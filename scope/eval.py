@@ -165,6 +165,39 @@ class ReplayRef:
         return out
 
 
+def nested_variance(episodes: list[Episode], tasks: dict[str, Any], agent_sampling: SamplingParams,
+                    partner_of, env_name: str, env_options: dict, resamples: int, rng: random.Random,
+                    max_context: int = 4096) -> dict[str, float]:
+    """Split the reward variance into partner and agent parts by nested resampling.
+
+    Each given dialogue's agent turns are replayed verbatim against ``resamples`` fresh samples of its
+    partner (``partner_of(episode)`` gives the binding); partner part = E[Var(R | agent turns)],
+    agent part = Var(E[R | agent turns]).
+    """
+    env_cls = get_env(env_name)
+    nested, owners = [], []
+    for k, e in enumerate(episodes):
+        turns = [m["content"] for m in e.messages if m["role"] == "agent"]
+        if not turns:
+            continue
+        # P4G: the replay ends with the original's last agent turn; elsewhere a replay that runs out
+        # fails that sample, which is left out
+        opts = dict(env_options, max_turns=len(turns)) if env_name == "p4g" else dict(env_options)
+        for j in range(resamples):
+            nested.append(Job(env=env_cls(tasks[e.task_id], random.Random(rng.random()), **opts),
+                              episode=Episode(e.task_id, f"nest:{k}", j),
+                              refs={"agent": Binding("replay", ReplayRef(turns), agent_sampling),
+                                    "partner": partner_of(e)},
+                              uid=30_000_000 + k * resamples + j))
+            owners.append(k)
+    eps, _ = run_rollouts(nested, max_context=max_context, end_on_truncation=False)
+    rewards: dict[int, list[float]] = {}
+    for e, k in zip(eps, owners):
+        if not e.failed:
+            rewards.setdefault(k, []).append(e.rewards.get("agent", 0.0))
+    return variance_decomposition(list(rewards.values()))
+
+
 def diagnose(agent: Binding, partner: Binding, env_name: str, env_options: dict, split: str,
              n_tasks: int = 4, group: int = 8, resamples: int = 4, seed: int = 0) -> dict[str, Any]:
     """Partner collapse without training: behaviour modal mass and similarity over G rollouts per task,
@@ -183,24 +216,8 @@ def diagnose(agent: Binding, partner: Binding, env_name: str, env_options: dict,
     out: dict[str, Any] = {"behaviour": behaviour_stats(first, classify),
                            "partner_similarity": group_similarity(first, "partner"),
                            "agent_similarity": group_similarity(first, "agent")}
-    # nested resampling: hold each first-stage dialogue's agent turns fixed, resample the partner
     base = [e for e in first if not e.failed]
-    nested, owners = [], []
-    for k, e in enumerate(base):
-        turns = [m["content"] for m in e.messages if m["role"] == "agent"]
-        task = next(t for t in tasks if t.id == e.task_id)
-        opts = dict(env_options, max_turns=len(turns))
-        for j in range(resamples):
-            nested.append(Job(env=env_cls(task, random.Random(rng.random()), **opts),
-                              episode=Episode(task.id, f"nest:{k}", j),
-                              refs={"agent": Binding("replay", ReplayRef(turns), agent.sampling), "partner": partner},
-                              uid=30_000_000 + k * resamples + j))
-            owners.append(k)
-    eps, _ = run_rollouts(nested, end_on_truncation=False)
-    rewards: dict[int, list[float]] = {}
-    for e, k in zip(eps, owners):
-        if not e.failed:
-            rewards.setdefault(k, []).append(e.rewards.get("agent", 0.0))
-    out["variance"] = variance_decomposition(list(rewards.values()))
+    out["variance"] = nested_variance(base, {e.task_id: t for e in base for t in tasks if t.id == e.task_id},
+                                      agent.sampling, lambda e: partner, env_name, env_options, resamples, rng)
     out["first_stage_reward_mean"] = sum(e.rewards.get("agent", 0.0) for e in base) / max(len(base), 1)
     return out

@@ -133,6 +133,9 @@ def train(cfg: Config, resume: bool = False, on_step_end: Callable[[int], None] 
         if classify is not None:
             b = behaviour_stats(episodes, classify, "partner")
             m.update({f"partner_behaviour/{k}": v for k, v in b.items() if k != "states"})
+        d = cfg.diagnostics
+        if d.decompose_every and step % d.decompose_every == 0:
+            m.update(decompose(cfg, jobs, episodes, env_rng))
         if cfg.partner.reward != "env":
             apply_partner_reward(cfg.partner.reward, episodes, "partner")
         for owner, learner in learners.items():
@@ -221,6 +224,21 @@ class PanelEval:
         log(f"  eval step {step}: panel {res['panel_mean']:.3f}±{res['panel_std']:.3f} seen {res['seen_mean']:.3f} "
             f"unseen {res['unseen_mean']:.3f} (best {self.best:.3f})")
         return out
+
+
+def decompose(cfg: Config, jobs: list[Job], episodes: list[Episode], rng: random.Random) -> dict[str, float]:
+    """Partner/agent split of the reward variance on the first rollout of a few of this step's tasks."""
+    from .eval import nested_variance
+
+    d = cfg.diagnostics
+    binding = {id(j.episode): j.refs["partner"] for j in jobs}
+    tasks = {j.episode.task_id: j.env.task for j in jobs}
+    firsts = [e for e in episodes if e.copy == 0 and not e.failed][:d.decompose_tasks]
+    v = nested_variance(firsts, tasks, jobs[0].refs["agent"].sampling, lambda e: binding[id(e)], cfg.env.name,
+                        cfg.env.options, d.decompose_resamples, random.Random(rng.random()),
+                        max_context=cfg.rollout.max_context)
+    return {f"collapse/{k}_var" if k in ("total", "partner", "agent") else f"collapse/{k}": val
+            for k, val in v.items()}
 
 
 def episode_metrics(episodes: list[Episode]) -> dict[str, float]:

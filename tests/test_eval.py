@@ -173,3 +173,19 @@ def test_diagnose_command(tmp_path):
     assert 0 <= d["behaviour"]["modal_mass"] <= 1
     v = d["variance"]
     assert v["total"] == pytest.approx(v["partner"] + v["agent"])
+
+
+def test_training_logs_the_variance_decomposition(tmp_path):
+    cfg = parse_config({
+        "run": {"dir": str(tmp_path / "run"), "save_every": 10, "progress": False, "save_rollouts": False},
+        "models": {"policy": {"path": "tiny-random"}},
+        "agent": {"model": "policy", "trainable": True, "max_new_tokens": 8},
+        "partner": {"model": "policy", "max_new_tokens": 8, "temperature": 1.0},
+        "env": {"name": "p4g", "options": {"max_turns": 2, "force_decision": True}},
+        "rollout": {"n_tasks": 3, "group_size": 2, "end_on_truncation": False},
+        "train": {"steps": 2, "lr": 1e-3},
+        "diagnostics": {"decompose_every": 1, "decompose_tasks": 2, "decompose_resamples": 3}})
+    train(cfg, log=lambda s: None)
+    for m in read_metrics(str(tmp_path / "run")):
+        assert m["collapse/total_var"] == pytest.approx(m["collapse/partner_var"] + m["collapse/agent_var"])
+        assert m["collapse/partner_var"] >= 0 and m["collapse/agent_var"] >= 0
