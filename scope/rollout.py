@@ -240,17 +240,21 @@ def _run_token_requests(items: list[_Req], stats: RolloutStats) -> None:
             r.error = e
 
 
-def _chat(ref: Any, convs: list[list[dict[str, str]]], sp: SamplingParams, response_format=None
-          ) -> list[Completion | BaseException]:
-    """One batched text call to either kind of model (a local one renders and tokenises afresh)."""
+def _chat(ref: Any, convs: list[list[dict[str, str]]], sp: SamplingParams, response_format=None,
+          prefix: str = "") -> list[Completion | BaseException]:
+    """One batched text call to either kind of model. A local model renders and tokenises afresh, and
+    can be given the start of its reply (``prefix``, returned as part of the text)."""
     if getattr(ref, "chat", False):
         return ref.chat_generate(convs, sp, response_format=response_format)
     tok = ref.tokenizer
     try:
-        prompts = [encode(tok, render(tok, c, True)) for c in convs]
-        return list(ref.generate(prompts, sp))
+        prompts = [encode(tok, render(tok, c, True) + prefix) for c in convs]
+        outs = list(ref.generate(prompts, sp))
     except Exception as e:
         return [e] * len(convs)
+    for c in outs:
+        c.text = prefix + c.text
+    return outs
 
 
 def _with_instruction(view: list[dict[str, str]], text: str) -> list[dict[str, str]]:
@@ -281,14 +285,17 @@ def _run_text_requests(items: list[_Req], stats: RolloutStats, vs: bool) -> None
     instr = vs_mod.instruction(cfg.k, cfg.method)
     rf = ({"type": "json_schema", "json_schema": vs_mod.json_schema(cfg.k, cfg.method)}
           if getattr(b.ref, "json_schema", False) else None)
+    local = not getattr(b.ref, "chat", False)
+    # a local model gets the opening of the JSON object and stops once the list is closed
+    prefix = vs_mod.JSON_PREFIX if local else ""
     vs_sp = SamplingParams(temperature=b.sampling.temperature, top_p=b.sampling.top_p,
-                           max_new_tokens=cfg.max_new_tokens)
+                           max_new_tokens=cfg.max_new_tokens, stop=("]}",) if local else ())
     records = {id(r): {"attempts": 0, "errors": []} for r in items}
     todo = list(items)
     for _attempt in range(1 + cfg.max_reasks):
         if not todo:
             break
-        outs = _chat(b.ref, [_with_instruction(r.job.env.views[r.role], instr) for r in todo], vs_sp, rf)
+        outs = _chat(b.ref, [_with_instruction(r.job.env.views[r.role], instr) for r in todo], vs_sp, rf, prefix)
         stats.calls += 1
         again = []
         for r, c in zip(todo, outs):

@@ -80,3 +80,9 @@ def test_prompt_and_schema_mention_k():
     assert "5 different replies" in instruction(5, "prob") and "probability" in instruction(5, "prob")
     assert "probability" not in instruction(3, "random")
     assert json_schema(4, "prob")["schema"]["properties"]["responses"]["maxItems"] == 4
+
+
+def test_items_are_salvaged_from_a_cut_off_reply():
+    raw = '{"responses": [{"text": "Sure \\"yes\\"", "probability": 0.6}, {"text": "No", "probability": 0.2}, {"tex'
+    p = parse(raw)
+    assert p.texts == ['Sure "yes"', "No"] and p.probs == pytest.approx([0.75, 0.25])

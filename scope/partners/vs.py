@@ -14,6 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+JSON_PREFIX = '{"responses": [{"text": "'
+"""The start of the reply a local VS partner is given (endpoints get a JSON-schema response format)."""
+
+
 def instruction(k: int, method: str) -> str:
     if method == "prob":
         item = '{"text": "<reply>", "probability": <number between 0 and 1>}'
@@ -62,6 +66,23 @@ def _json_candidates(s: str):
         yield obj
 
 
+_ITEM = re.compile(r'\{\s*"text"\s*:\s*"((?:[^"\\]|\\.)*)"\s*(?:,\s*"probability"\s*:\s*'
+                   r'(-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?))?\s*\}')
+
+
+def _salvage(raw: str) -> list[dict[str, Any]]:
+    """Complete ``{"text": ..., "probability": ...}`` objects inside a reply whose JSON as a whole is
+    broken (e.g. cut off before the list was closed)."""
+    out = []
+    for m in _ITEM.finditer(raw):
+        try:
+            text = json.loads(f'"{m.group(1)}"')
+        except ValueError:
+            continue
+        out.append({"text": text, "probability": float(m.group(2)) if m.group(2) else None})
+    return out
+
+
 def _prob(v: Any) -> float:
     if isinstance(v, bool):
         return 0.0
@@ -101,6 +122,8 @@ def _parse(raw: Any, k: int, method: str) -> VSParse:
         if items is not None:
             break
     if items is None:
+        items = _salvage(raw)
+    if not items:
         return VSParse(error="no JSON list of responses found")
     texts, probs = [], []
     for it in items:
