@@ -8,7 +8,6 @@ accumulation. Log-probs are of logits / temperature, the distribution the rollou
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -153,6 +152,7 @@ class Learner:
                 tot_tokens += n_tok
         finally:
             self.backend.model.eval()
+            release_free_memory()
         self.backend.versions[self.adapter] = self.backend.versions.get(self.adapter, 0) + 1
         out = {k: v / max(tot_tokens, 1) for k, v in agg.items() if k.startswith("sum_")}
         out = {k[4:]: v for k, v in out.items()}
@@ -211,5 +211,20 @@ class Learner:
         self.backend.versions[self.adapter] = sd["version"]
 
 
-def finite(x: float) -> bool:
-    return not (math.isnan(x) or math.isinf(x))
+def release_free_memory() -> None:
+    """Hand freed heap pages back to the OS (glibc ``malloc_trim``). The large, differently shaped
+    buffers of an update otherwise stay resident, and the next learner's update stacks on top."""
+    global _TRIM
+    if _TRIM is None:
+        try:
+            import ctypes
+
+            _TRIM = ctypes.CDLL("libc.so.6").malloc_trim
+        except (OSError, AttributeError):
+            _TRIM = False
+    if _TRIM:
+        _TRIM(0)
+
+
+_TRIM = None
+
