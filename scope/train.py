@@ -127,35 +127,12 @@ def train(cfg: Config, resume: bool = False, on_step_end: Callable[[int], None] 
         episodes, rstats = run_rollouts(jobs, max_context=cfg.rollout.max_context,
                                         end_on_truncation=cfg.rollout.end_on_truncation, progress=progress)
         t1 = time.time()
-        m: dict[str, float] = {"step": step}
-        m.update(episode_metrics(episodes))
-        m.update({f"agent_{k}": v for k, v in group_similarity(episodes, "agent").items()})
-        if classify is not None:
-            b = behaviour_stats(episodes, classify, "partner")
-            m.update({f"partner_behaviour/{k}": v for k, v in b.items() if k != "states"})
-        d = cfg.diagnostics
-        if d.decompose_every and step % d.decompose_every == 0:
-            m.update(decompose(cfg, jobs, episodes, env_rng))
+        m: dict[str, float] = {"step": step, **episode_metrics(episodes)}
+        m.update(step_diagnostics(cfg, step, jobs, episodes, classify, env_rng))
         if cfg.partner.reward != "env":
             apply_partner_reward(cfg.partner.reward, episodes, "partner")
-        for owner, learner in learners.items():
-            traces, advs = [], []
-            for role in roles_of[owner]:
-                adv, gstats = group_advantages(episodes, role, cfg.train.success_threshold)
-                for i, ep in enumerate(episodes):
-                    ep.meta.setdefault("advantage", {})[role] = adv[i]
-                traces += [ep.traces[role] for ep in episodes]
-                advs += adv
-                prefix = "" if role == "agent" else f"{role}/"
-                m.update({f"{prefix}{k}": v for k, v in gstats.fractions().items()})
-                rs = [ep.rewards[role] for ep in episodes if not ep.failed and role in ep.rewards]
-                if role != "agent" and rs:
-                    m[f"{role}/reward_mean"] = float(np.mean(rs))
-            out = learner.update(traces, advs)  # self-play: both roles' tokens, each with its own advantages
-            prefix = "" if owner == "agent" else f"{owner}/"
-            m.update({f"{prefix}train/{k}": v for k, v in out.items()})
-            if "entropy" in out:
-                m[f"{prefix}policy_entropy"] = out["entropy"]
+        for owner, learner in learners.items():  # self-play: one learner, both roles' tokens
+            m.update(update_learner(owner, learner, roles_of[owner], episodes, cfg.train.success_threshold))
         for role, pool in pools.items():
             pool.maybe_snapshot(step)
             m[f"{role}/pool_size"] = len(pool.members)
@@ -224,6 +201,44 @@ class PanelEval:
         log(f"  eval step {step}: panel {res['panel_mean']:.3f}±{res['panel_std']:.3f} seen {res['seen_mean']:.3f} "
             f"unseen {res['unseen_mean']:.3f} (best {self.best:.3f})")
         return out
+
+
+def update_learner(owner: str, learner: Learner, roles: list[str], episodes: list[Episode],
+                   success_threshold: float) -> dict[str, float]:
+    """One update from the traces of ``roles``, each role with its own group advantages."""
+    m: dict[str, float] = {}
+    traces, advs = [], []
+    for role in roles:
+        adv, gstats = group_advantages(episodes, role, success_threshold)
+        for i, ep in enumerate(episodes):
+            ep.meta.setdefault("advantage", {})[role] = adv[i]
+        traces += [ep.traces[role] for ep in episodes]
+        advs += adv
+        prefix = "" if role == "agent" else f"{role}/"
+        m.update({f"{prefix}{k}": v for k, v in gstats.fractions().items()})
+        rs = [ep.rewards[role] for ep in episodes if not ep.failed and role in ep.rewards]
+        if role != "agent" and rs:
+            m[f"{role}/reward_mean"] = float(np.mean(rs))
+    out = learner.update(traces, advs)
+    prefix = "" if owner == "agent" else f"{owner}/"
+    m.update({f"{prefix}train/{k}": v for k, v in out.items()})
+    if "entropy" in out:
+        m[f"{prefix}policy_entropy"] = out["entropy"]
+    return m
+
+
+def step_diagnostics(cfg: Config, step: int, jobs: list[Job], episodes: list[Episode], classify,
+                     rng: random.Random) -> dict[str, float]:
+    """Within-group similarity, partner behaviour modal mass and (every decompose_every steps) the
+    partner/agent variance split."""
+    m = {f"agent_{k}": v for k, v in group_similarity(episodes, "agent").items()}
+    if classify is not None:
+        b = behaviour_stats(episodes, classify, "partner")
+        m.update({f"partner_behaviour/{k}": v for k, v in b.items() if k != "states"})
+    d = cfg.diagnostics
+    if d.decompose_every and step % d.decompose_every == 0:
+        m.update(decompose(cfg, jobs, episodes, rng))
+    return m
 
 
 def decompose(cfg: Config, jobs: list[Job], episodes: list[Episode], rng: random.Random) -> dict[str, float]:
