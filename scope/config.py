@@ -209,6 +209,11 @@ class Config(Strict):
                                  f"{self.models[rc.model].backend}")
             if rc.source == "pool" and self.models[rc.model].finetune != "lora":
                 raise ValueError(f"{role}: a pool holds LoRA adapters; models.{rc.model}.finetune must be lora")
+        a, p = self.agent, self.partner
+        if a.trainable and p.trainable and not p.self_play and a.model == p.model \
+                and self.models[a.model].finetune == "full":
+            raise ValueError("agent and partner both fully fine-tune model "
+                             f"{a.model!r}: give the partner its own models entry (its own weights)")
         if self.agent.self_play:
             raise ValueError("agent.self_play: self-play is set on the partner (it plays with the agent's adapter)")
         if self.partner.self_play and (not self.agent.trainable or self.partner.model != self.agent.model):

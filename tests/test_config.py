@@ -23,6 +23,8 @@ def test_defaults_follow_the_paper():
     ({"agent": {"model": "nope"}}, "agent.model: 'nope' is not one of models"),
     ({"env": {"name": "chess"}}, "unknown environment 'chess'"),
     ({"models": {"policy": {"finetune": "qlora"}}}, "models.policy.finetune"),
+    ({"models": {"policy": {"finetune": "full"}}, "agent": {"trainable": True}, "partner": {"trainable": True}},
+     "give the partner its own models entry"),
 ])
 def test_bad_config_names_the_key(data, needle):
     with pytest.raises(ConfigError) as e:

@@ -221,3 +221,15 @@ def test_population_pool_is_checkpointed_and_restored_exactly(tmp_path, self_pla
     assert st["sources"]["partner"]["members"] == [f"{src}_pool_3", f"{src}_pool_4"]
     recs = [json.loads(x) for x in open(run / "rollouts" / "step_000004.jsonl")]
     assert {r["meta"]["partner"] for r in recs} <= {f"{src}_pool_2", f"{src}_pool_3"}
+
+
+def test_partner_with_its_own_full_model(tmp_path):
+    c = cfg(tmp_path / "f", {"trainable": True, "reward": "cooperative"}, steps=1)
+    data = c.model_dump(mode="json")
+    data["models"]["partner_model"] = {"path": "tiny-random", "finetune": "full"}
+    data["partner"]["model"] = "partner_model"
+    c = parse_config(data)
+    train(c, log=lambda s: None)
+    m = read_metrics(str(tmp_path / "f"))[-1]
+    assert m["partner/train/trained_sequences"] == 6
+    assert (tmp_path / "f" / "checkpoints" / "step_000001" / "partner" / "model.safetensors").exists()
