@@ -123,7 +123,7 @@ def behaviour_stats(episodes: Sequence[Episode], classify: Callable[[str], str],
     A state is (task group, turn index): the G rollouts of a task that reached turn t. Its modal mass is
     the share of the most frequent class among their replies at t; the estimate is the mean over
     states visited by at least two rollouts (1.0 = the partner always does the same thing there).
-    Also returns the overall class shares.
+    Also returns the overall class shares. ``modal_mass`` is absent when no state was visited twice.
     """
     states: dict[tuple[str, int], list[str]] = {}
     overall: Counter = Counter()
@@ -135,7 +135,9 @@ def behaviour_stats(episodes: Sequence[Episode], classify: Callable[[str], str],
                 states.setdefault((gid, t), []).append(c)
                 overall[c] += 1
     masses = [Counter(cs).most_common(1)[0][1] / len(cs) for cs in states.values() if len(cs) >= 2]
-    out = {"modal_mass": sum(masses) / len(masses) if masses else float("nan"), "states": float(len(masses))}
+    out = {"states": float(len(masses))}
+    if masses:  # undefined (left out, not NaN) when no state was visited twice
+        out["modal_mass"] = sum(masses) / len(masses)
     n = sum(overall.values())
     for c, k in overall.items():
         out[f"class/{c}"] = k / n

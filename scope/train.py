@@ -253,7 +253,7 @@ def decompose(cfg: Config, jobs: list[Job], episodes: list[Episode], rng: random
                         cfg.env.options, d.decompose_resamples, random.Random(rng.random()),
                         max_context=cfg.rollout.max_context)
     return {f"collapse/{k}_var" if k in ("total", "partner", "agent") else f"collapse/{k}": val
-            for k, val in v.items()}
+            for k, val in v.items() if not math.isnan(val)}
 
 
 def episode_metrics(episodes: list[Episode]) -> dict[str, float]:

@@ -140,12 +140,14 @@ def test_fault_injection_training_goes_on(tmp_path, flaky_server):
     train(tiny_cfg(tmp_path / "f", partner, models, steps=3), log=lambda s: None)
     ms = read_metrics(str(tmp_path / "f"))
     assert [m["step"] for m in ms] == [1, 2, 3]
-    assert sum(m["failed_episodes"] for m in ms) > 0
+    recs = rollouts(tmp_path / "f")
+    assert sum(m["failed_episodes"] for m in ms) > 0, ([m["failed_episodes"] for m in ms],
+                                                        [(r["status"], r["error"], r["messages"]) for r in recs])
     for m in ms:
         assert all(not (isinstance(v, float) and math.isnan(v)) for v in m.values())
     recs = rollouts(tmp_path / "f")
     failed = [r for r in recs if r["status"] == "failed"]
-    assert all("injected failure" in r["error"] or "503" in r["error"] for r in failed)
+    assert all("injected failure" in r["error"] or "503" in r["error"] for r in failed), [r["error"] for r in failed]
 
 
 class ScriptedChat:
