@@ -1,7 +1,7 @@
 """The nouns every part of scope shares: tasks, completions, traces and episodes."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -115,8 +115,3 @@ class Episode:
             "messages": self.messages,
         }
 
-
-def to_jsonable(obj: Any) -> Any:
-    if hasattr(obj, "__dataclass_fields__"):
-        return asdict(obj)
-    return obj
