@@ -88,6 +88,15 @@ def read_metrics(path: str) -> list[dict[str, Any]]:
         return [json.loads(ln) for ln in f if ln.strip()]
 
 
+def save_weights(backend, adapter: str | None, out: str) -> None:
+    """One adapter (PEFT format, under ``out/<adapter>``) or the full weights with their tokenizer."""
+    if adapter is not None:
+        backend.model.save_pretrained(out, selected_adapters=[adapter])
+    else:
+        backend.model.save_pretrained(out)
+        backend.tokenizer.save_pretrained(out)
+
+
 class Checkpointer:
     """``checkpoints/step_NNNNNN/``: adapters or weights, optimizer states, RNG states, step, config.
 
@@ -110,13 +119,7 @@ class Checkpointer:
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(tmp)
         for role, learner in learners.items():
-            b = learner.backend
-            out = os.path.join(tmp, role)
-            if learner.adapter is not None:
-                b.model.save_pretrained(out, selected_adapters=[learner.adapter])
-            else:
-                b.model.save_pretrained(out)
-                b.tokenizer.save_pretrained(out)
+            save_weights(learner.backend, learner.adapter, os.path.join(tmp, role))
         state = {
             "step": step,
             "learners": {r: l.state_dict() for r, l in learners.items()},

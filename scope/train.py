@@ -28,7 +28,7 @@ from .learner import Learner, LearnerConfig, group_advantages
 from .partners.rewards import apply_partner_reward
 from .diagnostics import CLASSIFIERS, behaviour_stats, group_similarity
 from .rollout import Job, run_rollouts
-from .run import Checkpointer, MetricsLogger, RunDir, rollout_records
+from .run import Checkpointer, MetricsLogger, RunDir, rollout_records, save_weights
 from .setup import build_models
 from .types import Episode, Task
 
@@ -189,10 +189,7 @@ class PanelEval:
             ref = self.agent.ref
             tmp = self.rundir.file("best.tmp")
             shutil.rmtree(tmp, ignore_errors=True)
-            if ref.adapter is not None:
-                ref.backend.model.save_pretrained(tmp, selected_adapters=[ref.adapter])
-            else:
-                ref.backend.model.save_pretrained(tmp)
+            save_weights(ref.backend, ref.adapter, tmp)
             with open(os.path.join(tmp, "best.json"), "w") as fh:
                 json.dump({"step": step, "score": score, "select_on": c.eval.select_on, **out}, fh, indent=1)
             shutil.rmtree(self.rundir.file("best"), ignore_errors=True)
