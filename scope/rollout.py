@@ -184,7 +184,7 @@ def run_rollouts(jobs: list[Job], sampling: dict[str, SamplingParams] | None = N
     for j in jobs:
         ep = j.episode
         for r, b in j.refs.items():
-            b.ref.drop_sessions([(j.uid, r)])
+            b.ref.drop_sessions([(j.uid, r), (j.uid, r, "text")])
         if ep.status != "failed":
             ep.status = j.env.end_reason or "done"
             try:
@@ -241,15 +241,16 @@ def _run_token_requests(items: list[_Req], stats: RolloutStats) -> None:
 
 
 def _chat(ref: Any, convs: list[list[dict[str, str]]], sp: SamplingParams, response_format=None,
-          prefix: str = "") -> list[Completion | BaseException]:
-    """One batched text call to either kind of model. A local model renders and tokenises afresh, and
-    can be given the start of its reply (``prefix``, returned as part of the text)."""
+          prefix: str = "", sessions: list | None = None) -> list[Completion | BaseException]:
+    """One batched text call to either kind of model. A local model renders and tokenises afresh (its
+    key/values are reused per session up to the first changed token), and can be given the start of
+    its reply (``prefix``, returned as part of the text)."""
     if getattr(ref, "chat", False):
         return ref.chat_generate(convs, sp, response_format=response_format)
     tok = ref.tokenizer
     try:
         prompts = [encode(tok, render(tok, c, True) + prefix) for c in convs]
-        outs = list(ref.generate(prompts, sp))
+        outs = list(ref.generate(prompts, sp, sessions=sessions))
     except Exception as e:
         return [e] * len(convs)
     for c in outs:
@@ -271,8 +272,12 @@ def _run_text_requests(items: list[_Req], stats: RolloutStats, vs: bool) -> None
     b = items[0].binding
     for r in items:
         r.job.episode.traces[r.role].n_turns += 1
+
+    def sessions(reqs):
+        return [(r.job.uid, r.role, "text") for r in reqs]
+
     if not vs:
-        outs = _chat(b.ref, [r.job.env.views[r.role] for r in items], b.sampling)
+        outs = _chat(b.ref, [r.job.env.views[r.role] for r in items], b.sampling, sessions=sessions(items))
         stats.calls += 1
         for r, c in zip(items, outs):
             if isinstance(c, BaseException):
@@ -295,7 +300,8 @@ def _run_text_requests(items: list[_Req], stats: RolloutStats, vs: bool) -> None
     for _attempt in range(1 + cfg.max_reasks):
         if not todo:
             break
-        outs = _chat(b.ref, [_with_instruction(r.job.env.views[r.role], instr) for r in todo], vs_sp, rf, prefix)
+        outs = _chat(b.ref, [_with_instruction(r.job.env.views[r.role], instr) for r in todo], vs_sp, rf, prefix,
+                     sessions=sessions(todo))
         stats.calls += 1
         again = []
         for r, c in zip(todo, outs):
@@ -316,7 +322,7 @@ def _run_text_requests(items: list[_Req], stats: RolloutStats, vs: bool) -> None
             r.text = parsed.texts[idx]
         todo = again
     if todo:  # plain reply as the fallback
-        outs = _chat(b.ref, [r.job.env.views[r.role] for r in todo], b.sampling)
+        outs = _chat(b.ref, [r.job.env.views[r.role] for r in todo], b.sampling, sessions=sessions(todo))
         stats.calls += 1
         for r, c in zip(todo, outs):
             rec = records[id(r)]

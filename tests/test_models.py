@@ -119,3 +119,60 @@ def test_identical_prompts_share_one_prefill_but_sample_independently(b):
         assert torch.allclose(teacher_forced_logprobs(b, pr, o.token_ids, 1.0), torch.tensor(o.logprobs), atol=1e-4)
     assert len({tuple(o.token_ids) for o in outs}) == 4
     assert all(b.kv_store[k].ids[:len(pr)] == pr for k, pr in zip([1, 2, 3, 4], prompts))
+
+
+def _forward_shapes(b):
+    shapes = []
+    b.model.register_forward_pre_hook(
+        lambda m, args, kw: shapes.append(tuple(kw.get("input_ids", args[0] if args else None).shape)),
+        with_kwargs=True)
+    return shapes
+
+
+def test_shared_prefix_and_partial_session_reuse_keep_logprobs_exact():
+    # grouped-query attention (4 query heads, 2 key/value heads) exercises the folded-head attention
+    b = tiny_backend(load_tokenizer("tiny-random"), seed=1, heads=4, kv_heads=2)
+    b.min_shared_prefix = 8
+    system = {"role": "system", "content": "one long system prompt that every row starts with"}
+    prompts = [enc(b, [system, {"role": "user", "content": u}]) for u in ["first persona", "second", "x"]]
+    lcp = next(i for i in range(len(prompts[0])) if len({p[i] for p in prompts}) > 1)
+    shapes = _forward_shapes(b)
+    sp = SamplingParams(temperature=0.8, max_new_tokens=10)
+    outs = b.generate(prompts, sp, sessions=["a", "b", "c"])
+    assert shapes[0] == (1, lcp)                                   # the common prefix, once
+    assert shapes[1] == (3, max(len(p) for p in prompts) - lcp)   # then only the rest of each prompt
+    for p, o in zip(prompts, outs):
+        assert torch.allclose(teacher_forced_logprobs(b, p, o.token_ids, 0.8), torch.tensor(o.logprobs), atol=1e-4)
+    # a re-rendered request that differs from the session's last call inside the first user message:
+    # the cache is reused up to the first changed token only
+    changed = enc(b, [system, {"role": "user", "content": "first person"}, {"role": "assistant", "content": "ok"},
+                      {"role": "user", "content": "and now?"}])
+    keep = next(i for i in range(len(changed)) if changed[i] != b.kv_store["a"].ids[i])
+    shapes.clear()
+    o = b.generate([changed], sp, sessions=["a"])[0]
+    assert shapes[0] == (1, len(changed) - keep)
+    assert torch.allclose(teacher_forced_logprobs(b, changed, o.token_ids, 0.8), torch.tensor(o.logprobs), atol=1e-4)
+
+
+def test_folded_gqa_attention_equals_sdpa():
+    b = tiny_backend(load_tokenizer("tiny-random"), seed=2, heads=4, kv_heads=2)
+    assert b.model.config._attn_implementation == "scope_sdpa"
+    ids = torch.randint(5, 90, (3, 12))
+    att = torch.ones(3, 13, dtype=torch.long)
+    att[0, :4] = 0
+    att[2, :7] = 0
+
+    def run():
+        from scope.models.local import _make_cache
+        with torch.no_grad():
+            cache = _make_cache(2, 13)
+            a = b.model(input_ids=ids, attention_mask=att[:, :12], past_key_values=cache, use_cache=True).logits
+            c = b.model(input_ids=ids[:, :1], attention_mask=att, past_key_values=cache, use_cache=True).logits
+        return a, c
+
+    ours = run()
+    b.model.config._attn_implementation = "sdpa"
+    ref = run()
+    real = att[:, :12].bool()
+    assert torch.allclose(ours[0][real], ref[0][real], atol=1e-5)
+    assert torch.allclose(ours[1], ref[1], atol=1e-5)

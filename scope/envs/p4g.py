@@ -160,11 +160,13 @@ AGENT_PROMPT = (
     "earned $2 for a task. Persuade them to donate some or all of it to Save the Children, which helps "
     "children in need around the world. Be friendly, honest and brief: one or two sentences per message."
 )
+# The persona comes last so that every persuadee prompt starts with the same instructions: the
+# engine prefills a common prompt prefix once for the whole batch.
 PARTNER_PROMPT = (
     "You are a person chatting online. You just earned $2 for a task. The other person may ask you to donate "
-    "some of it to a charity. Stay in character and reply briefly, in one or two sentences.\n{persona}\n"
+    "some of it to a charity. Stay in character and reply briefly, in one or two sentences. "
     "If and when you decide how much to donate, write [DONATE $N] where N is between 0 and 2, and stop. "
-    "Only write the marker once you have decided."
+    "Only write the marker once you have decided.\n{persona}"
 )
 OPENING = "[A stranger has joined the chat. You write first.]"
 DECISION_NOTE = "[The chat ends now. Decide how much of your $2 to donate, from 0 to 2 dollars.]"

@@ -40,6 +40,9 @@ class LocalBackend:
         self.kv_store: OrderedDict[Any, _KVEntry] = OrderedDict()
         self.kv_budget_tokens = kv_budget_tokens
         self.model.eval()
+        from .attention import install
+
+        install(self.model)  # GQA attention without copying the KV cache (CPU sampling only)
 
     # ---- adapters -----------------------------------------------------------------------------
     @property
@@ -116,20 +119,27 @@ class LocalBackend:
                  sessions: Sequence[Any] | None = None) -> list[Completion]:
         """Sample one completion per prompt, all prompts in one batch.
 
-        A lean decode loop: a preallocated KV cache, finished rows dropped from the batch, and, when
-        ``sessions`` names each row's dialogue, the key/values of that dialogue's previous call are
-        reused so that only the new tokens of a turn are prefilled.
+        A lean decode loop: a preallocated KV cache and finished rows dropped from the batch. Prompt
+        key/values are computed once where they can be shared:
+
+        - ``sessions`` names each row's dialogue: the key/values of that session's previous call are
+          reused up to the longest common prefix with the new prompt (a new turn prefills only its
+          new tokens; a re-asked or re-rendered request reuses the part that did not change);
+        - rows without such a cache whose prompts start alike (e.g. one system prompt followed by
+          different personas) prefill their common prefix once;
+        - identical prompts (e.g. the G copies of a task on their first turn) are prefilled once.
         """
         if not prompts:
             return []
         version = self.versions.get(adapter, 0)
-        reuse = []
+        reuse: list[tuple[_KVEntry, int] | None] = []
         for i, p in enumerate(prompts):
-            e = self.kv_store.get(sessions[i]) if sessions is not None else None
-            ok = (e is not None and e.adapter == adapter and e.version == version
-                  and len(e.ids) < len(p) and p[:len(e.ids)] == e.ids)
-            reuse.append(e if ok else None)
+            e = self.kv_store.get(sessions[i]) if sessions is not None and sessions[i] is not None else None
+            n = (_common_prefix(e.ids, p, len(p) - 1)
+                 if e is not None and e.adapter == adapter and e.version == version else 0)
+            reuse.append((e, n) if n > 0 else None)
         with self.using(adapter) as model:
+            self._share_prefix(model, prompts, reuse)
             outs, kv = _decode(model, self.tokenizer, prompts, sampling, self.eos_ids, self.pad_id,
                                self.generator, reuse, keep_kv=sessions is not None)
         mid = f"{self.name}:{adapter or 'base'}"
@@ -142,11 +152,45 @@ class LocalBackend:
         self._evict()
         return outs
 
+    min_shared_prefix = 32  # tokens; a shorter common prefix is not worth its own forward pass
+
+    def _share_prefix(self, model, prompts: list[list[int]], reuse: list) -> None:
+        """Prefill the longest common prefix of the rows that have no cache once (in place on ``reuse``)."""
+        fresh = [i for i, r in enumerate(reuse) if r is None]
+        if len(fresh) < 2 or len({tuple(prompts[i]) for i in fresh}) < 2:
+            return
+        first = prompts[fresh[0]]
+        n = min(len(prompts[i]) for i in fresh) - 1
+        for i in fresh[1:]:
+            n = _common_prefix(first, prompts[i], n)
+        if n < self.min_shared_prefix:
+            return
+        device = next(model.parameters()).device
+        cache = _make_cache(_n_layers(model), n)
+        model(input_ids=torch.tensor([first[:n]], device=device), past_key_values=cache, use_cache=True,
+              logits_to_keep=1)
+        entry = _KVEntry(list(first[:n]), [(l.slab_k[0], l.slab_v[0]) for l in cache.layers], None, -1)
+        for i in fresh:
+            reuse[i] = (entry, n)
+
     def _evict(self) -> None:
         total = sum(len(e.ids) for e in self.kv_store.values())
         while total > self.kv_budget_tokens and self.kv_store:
             _, e = self.kv_store.popitem(last=False)
             total -= len(e.ids)
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
+    """Length of the common prefix of ``a`` and ``b``, at most ``limit``."""
+    n = min(len(a), len(b), limit)
+    if n <= 0:
+        return 0
+    if list(a[:n]) == list(b[:n]):
+        return n
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
 
 
 @dataclass
@@ -224,26 +268,29 @@ def _n_layers(model) -> int:
 
 
 def _decode(model, tokenizer, prompts, sp: SamplingParams, eos_ids, pad_id, gen, reuse, keep_kv):
-    """Batched sampling. Returns completions and, per row, (ids covered, per-layer k/v) if keep_kv."""
+    """Batched sampling. ``reuse[i]`` is None or (cache entry, n): the first n prompt tokens of row i
+    are taken from the entry. Returns completions and, per row, (ids covered, per-layer k/v) if keep_kv.
+
+    Layout of each row in the slab: [reused prefix, right-aligned at C][prompt rest, right-aligned at
+    C + D][sampled tokens]; the gaps are masked out and position ids count only real tokens.
+    """
     device = next(model.parameters()).device
     n = len(prompts)
     if min(len(p) for p in prompts) == 0:
         raise ValueError("empty prompt")
-    # rows with the same prompt and the same cached prefix (e.g. the G copies of a task on their first
-    # turn) are prefilled once and their key/values copied
-    keys = [(tuple(p), id(e) if e is not None else None) for p, e in zip(prompts, reuse)]
+    # rows with the same prompt and the same cached prefix are prefilled once and their key/values copied
+    keys = [(tuple(p), id(r[0]) if r else None, r[1] if r else 0) for p, r in zip(prompts, reuse)]
     first: dict[Any, int] = {}
     uniq = [first.setdefault(k, i) for i, k in enumerate(keys)]
     rows = sorted(set(uniq))
     row_of = {r: j for j, r in enumerate(rows)}
     expand = torch.tensor([row_of[u] for u in uniq], device=device)
-    cached = [len(e.ids) if e is not None else 0 for e in reuse]
+    cached = [r[1] if r else 0 for r in reuse]
     C = max(cached)
     deltas = [p[c:] for p, c in zip(prompts, cached)]
     D = max(len(d) for d in deltas)
     cap = C + D + sp.max_new_tokens
-    n_layers = _n_layers(model)
-    cache = _make_cache(n_layers, cap)
+    cache = _make_cache(_n_layers(model), cap)
     att = torch.zeros((n, cap), dtype=torch.long, device=device)
     ids = torch.full((n, D), pad_id, dtype=torch.long)
     pos = torch.zeros((n, D), dtype=torch.long)
@@ -253,15 +300,15 @@ def _decode(model, tokenizer, prompts, sp: SamplingParams, eos_ids, pad_id, gen,
         att[i, C - cached[i]:C] = 1
         att[i, C + D - len(d):C + D] = 1
     if C > 0:
-        ex = next(e for e in reuse if e is not None)
+        ex = next(r[0] for r in reuse if r is not None)
         for li, layer in enumerate(cache.layers):
             k0 = ex.layers[li][0]
             layer._alloc(len(rows), k0.shape[0], k0.shape[2], k0.dtype, device)
             for j, i in enumerate(rows):
-                e = reuse[i]
-                if e is not None:
-                    layer.slab_k[j, :, C - cached[i]:C] = e.layers[li][0]
-                    layer.slab_v[j, :, C - cached[i]:C] = e.layers[li][1]
+                if reuse[i] is not None:
+                    e, m = reuse[i]
+                    layer.slab_k[j, :, C - m:C] = e.layers[li][0][:, :m]
+                    layer.slab_v[j, :, C - m:C] = e.layers[li][1][:, :m]
             layer.n = C
             layer.keys, layer.values = layer.slab_k[:, :, :C], layer.slab_v[:, :, :C]
     ids, pos = ids.to(device), pos.to(device)
@@ -270,7 +317,8 @@ def _decode(model, tokenizer, prompts, sp: SamplingParams, eos_ids, pad_id, gen,
     out_lp: list[list[float]] = [[] for _ in range(n)]
     reasons = ["length"] * n
     kv: list[Any] = [None] * n
-    alive = list(range(n))  # original row index of each batch row
+    batch = list(range(n))  # original row index of each batch row
+    done = [False] * n      # per batch row: finished, waiting to be dropped at the next compaction
     stop_window = max((len(s) for s in sp.stop), default=0) + 8
     cur = C + D
     r = torch.tensor(rows, device=device)
@@ -284,29 +332,35 @@ def _decode(model, tokenizer, prompts, sp: SamplingParams, eos_ids, pad_id, gen,
         tok, lp = _sample(logits.float(), sp, gen)
         tok_l, lp_l = tok.tolist(), lp.tolist()
         finished = torch.isin(tok, eos_t).tolist()
-        keep = []
-        for b, orig in enumerate(alive):
+        last = step == sp.max_new_tokens - 1
+        for b, orig in enumerate(batch):
+            if done[b]:
+                continue
             out_ids[orig].append(tok_l[b])
             out_lp[orig].append(lp_l[b])
             if finished[b]:
                 reasons[orig] = "eos"
             elif sp.stop and any(s in tokenizer.decode(out_ids[orig][-stop_window:]) for s in sp.stop):
                 reasons[orig] = "stop"
-            elif step < sp.max_new_tokens - 1:
-                keep.append(b)
+            elif not last:
                 continue
-            if keep_kv:  # this row is done: keep what its cache covers (all but the last sampled token)
-                real = att[b, :cur].nonzero()[:, 0]
+            done[b] = True
+            if keep_kv:  # keep what this row's cache covers (all but the last sampled token)
+                a0, b0 = C - cached[orig], C + D - len(deltas[orig])
                 kv[orig] = (list(prompts[orig]) + out_ids[orig][:-1],
-                            [(l.slab_k[b][:, real].clone(), l.slab_v[b][:, real].clone())
+                            [(torch.cat([l.slab_k[b, :, a0:C], l.slab_k[b, :, b0:cur]], dim=1),
+                              torch.cat([l.slab_v[b, :, a0:C], l.slab_v[b, :, b0:cur]], dim=1))
                              for l in cache.layers])
-        if not keep:
+        n_done = sum(done)
+        if n_done == len(batch):
             break
-        if len(keep) < len(alive):
+        # dropping rows copies the whole cache: wait until a quarter of the batch has finished
+        if 4 * n_done >= len(batch):
+            keep = [b for b in range(len(batch)) if not done[b]]
             kt = torch.tensor(keep, device=device)
             cache.batch_select_indices(kt)
             att, tok, next_pos = att[kt], tok[kt], next_pos[kt]
-            alive = [alive[b] for b in keep]
+            batch, done = [batch[b] for b in keep], [False] * len(keep)
         att[:, cur] = 1
         cur += 1
         logits = model(input_ids=tok[:, None], attention_mask=att[:, :cur], position_ids=next_pos[:, None],
@@ -488,7 +542,7 @@ def load_backend(spec: str, name: str | None = None, seed: int = 0, dtype: str =
 
 
 def tiny_backend(tokenizer, seed: int = 0, hidden: int = 64, layers: int = 2, name: str = "tiny",
-                 heads: int = 4, init_std: float = 0.3) -> LocalBackend:
+                 heads: int = 4, init_std: float = 0.3, kv_heads: int | None = None) -> LocalBackend:
     """A tiny randomly initialised Llama with the given tokenizer's vocabulary (for tests).
 
     ``init_std`` is large enough that the untrained model is far from uniform over the 49k-token
@@ -498,7 +552,7 @@ def tiny_backend(tokenizer, seed: int = 0, hidden: int = 64, layers: int = 2, na
 
     torch.manual_seed(seed)
     cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=hidden * 2,
-                      num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
+                      num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads or heads,
                       max_position_embeddings=4096, tie_word_embeddings=True,
                       eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
                       bos_token_id=tokenizer.bos_token_id, initializer_range=init_std)
