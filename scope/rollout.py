@@ -267,6 +267,11 @@ def _with_instruction(view: list[dict[str, str]], text: str) -> list[dict[str, s
     return msgs
 
 
+RUNAWAY_CHARS_PER_TOKEN = 6
+"""A local VS candidate longer than this many characters per token of the partner's plain
+``max_new_tokens`` is a runaway (see ``vs.runaway``)."""
+
+
 def _run_text_requests(items: list[_Req], stats: RolloutStats, vs: bool) -> None:
     """Endpoint partners and Verbalized Sampling: text in, text out, nothing trained on these turns."""
     b = items[0].binding
@@ -293,8 +298,11 @@ def _run_text_requests(items: list[_Req], stats: RolloutStats, vs: bool) -> None
     local = not getattr(b.ref, "chat", False)
     # a local model gets the opening of the JSON object and stops once the list is closed
     prefix = vs_mod.JSON_PREFIX if local else ""
+    # ... and stops early when one candidate runs on far longer than a plain reply could
+    limit = RUNAWAY_CHARS_PER_TOKEN * b.sampling.max_new_tokens
     vs_sp = SamplingParams(temperature=b.sampling.temperature, top_p=b.sampling.top_p,
-                           max_new_tokens=cfg.max_new_tokens, stop=("]}",) if local else ())
+                           max_new_tokens=cfg.max_new_tokens, stop=("]}",) if local else (),
+                           stop_fn=(lambda t: vs_mod.runaway(prefix + t, limit)) if local else None)
     records = {id(r): {"attempts": 0, "errors": []} for r in items}
     todo = list(items)
     for _attempt in range(1 + cfg.max_reasks):

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 
 @dataclass
@@ -20,6 +20,8 @@ class SamplingParams:
     top_p: float = 1.0
     max_new_tokens: int = 128
     stop: tuple[str, ...] = ()
+    stop_fn: Callable[[str], bool] | None = None
+    """Local models: called with the text generated so far after each token; True stops the row."""
 
 
 @dataclass

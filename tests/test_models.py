@@ -176,3 +176,19 @@ def test_folded_gqa_attention_equals_sdpa():
     real = att[:, :12].bool()
     assert torch.allclose(ours[0][real], ref[0][real], atol=1e-5)
     assert torch.allclose(ours[1], ref[1], atol=1e-5)
+
+
+def test_stop_fn_stops_a_row_on_its_text(b):
+    p = enc(b, [{"role": "user", "content": "hi"}])
+    seen = []
+
+    def stop(text):
+        seen.append(text)
+        return len(text) >= 3
+
+    outs = b.generate([p, p], SamplingParams(temperature=1.0, max_new_tokens=30, stop_fn=stop))
+    for o in outs:
+        assert o.finish_reason in ("stop", "eos")
+        if o.finish_reason == "stop":
+            assert len(o.text) == 3  # stopped at the first token that made the text 3 characters long
+    assert seen and all(len(t) <= 3 for t in seen)

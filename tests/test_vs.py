@@ -86,3 +86,14 @@ def test_items_are_salvaged_from_a_cut_off_reply():
     raw = '{"responses": [{"text": "Sure \\"yes\\"", "probability": 0.6}, {"text": "No", "probability": 0.2}, {"tex'
     p = parse(raw)
     assert p.texts == ['Sure "yes"', "No"] and p.probs == pytest.approx([0.75, 0.25])
+
+
+def test_runaway_detects_only_an_open_overlong_candidate():
+    from scope.partners.vs import runaway
+
+    done = '{"responses": [{"text": "short", "probability": 0.5}, {"text": "'
+    assert not runaway(done + "x" * 10, 20)
+    assert runaway(done + "x" * 21, 20)
+    assert not runaway(done + "x" * 30 + '", "probability": 0.5}', 20)   # closed: not a runaway
+    assert runaway(done + 'an \\"escaped\\" quote ' + "x" * 20, 20)       # escaped quotes do not close
+    assert not runaway("no candidates yet", 0)

@@ -51,7 +51,9 @@ def attention(module, query, key, value, attention_mask, dropout: float = 0.0, s
         out = torch.matmul(torch.softmax(s, dim=-1), value)
     else:
         mask = attention_mask[:, :, None].expand(b, 1, rep, q, n).reshape(b, 1, rep * q, n)
-        out = torch.nn.functional.scaled_dot_product_attention(qf, key, value, attn_mask=mask, scale=scale)
+        # (the cache hands out keys as a transposed view; SDPA's CPU kernel wants them row-major)
+        out = torch.nn.functional.scaled_dot_product_attention(qf, key.contiguous(), value, attn_mask=mask,
+                                                               scale=scale)
     return out.reshape(b, h, q, d).transpose(1, 2).contiguous(), None
 
 

@@ -169,7 +169,8 @@ class LocalBackend:
         cache = _make_cache(_n_layers(model), n)
         model(input_ids=torch.tensor([first[:n]], device=device), past_key_values=cache, use_cache=True,
               logits_to_keep=1)
-        entry = _KVEntry(list(first[:n]), [(l.slab_k[0], l.slab_v[0]) for l in cache.layers], None, -1)
+        entry = _KVEntry(list(first[:n]), [(l.slab_k[0, :, :n], l.slab_v[0, :, :n]) for l in cache.layers],
+                         None, -1)
         for i in fresh:
             reuse[i] = (entry, n)
 
@@ -205,31 +206,43 @@ def _slab_layer_class():
     from transformers.cache_utils import DynamicLayer
 
     class _SlabLayer(DynamicLayer):
-        """A KV cache layer written in place into a preallocated slab (no per-step concatenation)."""
+        """A KV cache layer written in place into a preallocated slab (no per-step concatenation).
+
+        Keys are stored transposed ([batch, heads, head_dim, capacity]) and handed out as a
+        [batch, heads, length, head_dim] view of that memory, so that a decoding query's ``q @ K^T``
+        reads the keys with unit stride (about a third faster for a 32-row batch on the CPU).
+        """
 
         is_croppable = False
 
         def __init__(self, cap: int):
             super().__init__()
             self.cap, self.n = cap, 0
-            self.slab_k = self.slab_v = None
+            self.slab_kt = self.slab_v = None
             self.keys = self.values = None
             self.is_initialized = False
 
+        @property
+        def slab_k(self):
+            return None if self.slab_kt is None else self.slab_kt.transpose(-1, -2)
+
         def _alloc(self, b, h, d, dtype, device):
-            self.slab_k = torch.zeros((b, h, self.cap, d), dtype=dtype, device=device)
-            self.slab_v = torch.zeros_like(self.slab_k)
+            self.slab_kt = torch.zeros((b, h, d, self.cap), dtype=dtype, device=device)
+            self.slab_v = torch.zeros((b, h, self.cap, d), dtype=dtype, device=device)
             self.is_initialized = True
 
+        def _views(self):
+            self.keys, self.values = self.slab_k[:, :, :self.n], self.slab_v[:, :, :self.n]
+
         def update(self, key_states, value_states, *args, **kwargs):
-            if self.slab_k is None:
+            if self.slab_kt is None:
                 b, h, _, d = key_states.shape
                 self._alloc(b, h, d, key_states.dtype, key_states.device)
             q = key_states.shape[-2]
-            self.slab_k[:, :, self.n:self.n + q] = key_states
+            self.slab_kt[:, :, :, self.n:self.n + q] = key_states.transpose(-1, -2)
             self.slab_v[:, :, self.n:self.n + q] = value_states
             self.n += q
-            self.keys, self.values = self.slab_k[:, :, :self.n], self.slab_v[:, :, :self.n]
+            self._views()
             return self.keys, self.values
 
         def get_seq_length(self) -> int:
@@ -242,9 +255,9 @@ def _slab_layer_class():
             return -1
 
         def batch_select_indices(self, indices: torch.Tensor) -> None:
-            if self.slab_k is not None:
-                self.slab_k, self.slab_v = self.slab_k[indices], self.slab_v[indices]
-                self.keys, self.values = self.slab_k[:, :, :self.n], self.slab_v[:, :, :self.n]
+            if self.slab_kt is not None:
+                self.slab_kt, self.slab_v = self.slab_kt[indices], self.slab_v[indices]
+                self._views()
 
         def offload(self):
             pass
@@ -310,7 +323,7 @@ def _decode(model, tokenizer, prompts, sp: SamplingParams, eos_ids, pad_id, gen,
                     layer.slab_k[j, :, C - m:C] = e.layers[li][0][:, :m]
                     layer.slab_v[j, :, C - m:C] = e.layers[li][1][:, :m]
             layer.n = C
-            layer.keys, layer.values = layer.slab_k[:, :, :C], layer.slab_v[:, :, :C]
+            layer._views()
     ids, pos = ids.to(device), pos.to(device)
     eos_t = torch.tensor(eos_ids, device=device)
     out_ids: list[list[int]] = [[] for _ in range(n)]
@@ -341,6 +354,8 @@ def _decode(model, tokenizer, prompts, sp: SamplingParams, eos_ids, pad_id, gen,
             if finished[b]:
                 reasons[orig] = "eos"
             elif sp.stop and any(s in tokenizer.decode(out_ids[orig][-stop_window:]) for s in sp.stop):
+                reasons[orig] = "stop"
+            elif sp.stop_fn is not None and sp.stop_fn(tokenizer.decode(out_ids[orig], skip_special_tokens=True)):
                 reasons[orig] = "stop"
             elif not last:
                 continue

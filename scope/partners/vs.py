@@ -30,6 +30,32 @@ def instruction(k: int, method: str) -> str:
             f'{{"responses": [{item}, ...]}} and nothing else.]')
 
 
+_OPEN_TEXT = re.compile(r'"text"\s*:\s*"')
+
+
+def runaway(raw: str, max_chars: int) -> bool:
+    """True if the last candidate text in ``raw`` is still open after more than ``max_chars`` characters.
+
+    A local VS partner stops there (a candidate is one reply, and no reply needs to be that long);
+    the complete candidates before it are salvaged by :func:`parse`, or the request is re-asked.
+    """
+    last = None
+    for last in _OPEN_TEXT.finditer(raw):
+        pass
+    if last is None:
+        return False
+    tail = raw[last.end():]
+    i = 0
+    while i < len(tail):
+        if tail[i] == "\\":
+            i += 2
+            continue
+        if tail[i] == '"':
+            return False
+        i += 1
+    return len(tail) > max_chars
+
+
 def json_schema(k: int, method: str) -> dict[str, Any]:
     props: dict[str, Any] = {"text": {"type": "string"}}
     req = ["text"]
