@@ -298,16 +298,24 @@ def _run_text_requests(items: list[_Req], stats: RolloutStats, vs: bool) -> None
     local = not getattr(b.ref, "chat", False)
     # a local model gets the opening of the JSON object and stops once the list is closed
     prefix = vs_mod.JSON_PREFIX if local else ""
-    # ... and stops early when one candidate runs on far longer than a plain reply could
+    # ... and stops early once it has k complete candidates, or when one candidate runs on far longer
+    # than a plain reply could
     limit = RUNAWAY_CHARS_PER_TOKEN * b.sampling.max_new_tokens
-    vs_sp = SamplingParams(temperature=b.sampling.temperature, top_p=b.sampling.top_p,
-                           max_new_tokens=cfg.max_new_tokens, stop=("]}",) if local else (),
-                           stop_fn=(lambda t: vs_mod.runaway(prefix + t, limit)) if local else None)
+
+    def stop_fn(text: str) -> bool:  # (a runaway with no restart left is stopped too)
+        return vs_mod.complete(prefix + text, cfg.k) or vs_mod.runaway(prefix + text, limit)
+
+    def restart_fn(text: str) -> bool:  # a runaway attempt is started over at once, in the running batch
+        return vs_mod.runaway(prefix + text, limit)
+
     records = {id(r): {"attempts": 0, "errors": []} for r in items}
-    todo = list(items)
-    for _attempt in range(1 + cfg.max_reasks):
-        if not todo:
-            break
+    todo, left_over = list(items), []
+    while todo:
+        left = min(1 + cfg.max_reasks - records[id(r)]["attempts"] for r in todo)
+        vs_sp = SamplingParams(temperature=b.sampling.temperature, top_p=b.sampling.top_p,
+                               max_new_tokens=cfg.max_new_tokens, stop=("]}",) if local else (),
+                               stop_fn=stop_fn if local else None, restart_fn=restart_fn if local else None,
+                               max_restarts=left - 1)
         outs = _chat(b.ref, [_with_instruction(r.job.env.views[r.role], instr) for r in todo], vs_sp, rf, prefix,
                      sessions=sessions(todo))
         stats.calls += 1
@@ -317,18 +325,23 @@ def _run_text_requests(items: list[_Req], stats: RolloutStats, vs: bool) -> None
             rec["attempts"] += 1
             if isinstance(c, BaseException):
                 rec["errors"].append(f"{type(c).__name__}: {c}")
-                again.append(r)
-                continue
-            _count(stats, c.model_id or b.id, len(c.token_ids))
-            parsed = vs_mod.parse(c.text, cfg.k, cfg.method)
-            if not parsed.ok:
+            else:
+                rec["attempts"] += len(c.discarded)
+                rec["errors"] += ["runaway candidate (restarted in the batch)"] * len(c.discarded)
+                _count(stats, c.model_id or b.id, len(c.token_ids) + c.discarded_tokens)
+                parsed = vs_mod.parse(c.text, cfg.k, cfg.method)
+                if parsed.ok:
+                    idx = vs_mod.draw(parsed, r.job.env.rng)
+                    rec.update(candidates=parsed.texts, probs=parsed.probs, index=idx, fallback=False)
+                    r.text = parsed.texts[idx]
+                    continue
                 rec["errors"].append(parsed.error)
+            if rec["attempts"] < 1 + cfg.max_reasks:
                 again.append(r)
-                continue
-            idx = vs_mod.draw(parsed, r.job.env.rng)
-            rec.update(candidates=parsed.texts, probs=parsed.probs, index=idx, fallback=False)
-            r.text = parsed.texts[idx]
+            else:
+                left_over.append(r)
         todo = again
+    todo = left_over
     if todo:  # plain reply as the fallback
         outs = _chat(b.ref, [r.job.env.views[r.role] for r in todo], b.sampling, sessions=sessions(todo))
         stats.calls += 1

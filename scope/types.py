@@ -22,6 +22,11 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_fn: Callable[[str], bool] | None = None
     """Local models: called with the text generated so far after each token; True stops the row."""
+    restart_fn: Callable[[str], bool] | None = None
+    """Local models: called like ``stop_fn``; True discards the row's text and samples it afresh from
+    the same prompt, in the running batch (at most ``max_restarts`` times; the budget of
+    ``max_new_tokens`` covers all attempts)."""
+    max_restarts: int = 0
 
 
 @dataclass
@@ -40,6 +45,9 @@ class Completion:
     finish_reason: str
     model_id: str = ""
     model_version: int = 0
+    discarded: list[str] = field(default_factory=list)
+    """Texts of attempts thrown away by ``SamplingParams.restart_fn``, oldest first."""
+    discarded_tokens: int = 0
 
 
 @dataclass

@@ -192,3 +192,20 @@ def test_stop_fn_stops_a_row_on_its_text(b):
         if o.finish_reason == "stop":
             assert len(o.text) == 3  # stopped at the first token that made the text 3 characters long
     assert seen and all(len(t) <= 3 for t in seen)
+
+
+def test_restart_fn_resamples_in_the_batch_and_masks_the_discarded_attempt():
+    b = tiny_backend(load_tokenizer("tiny-random"), seed=3, heads=4, kv_heads=2)
+    prompts = [enc(b, [{"role": "user", "content": "hello"}]), enc(b, [{"role": "user", "content": "a longer one"}])]
+    sp = SamplingParams(temperature=1.0, max_new_tokens=20, restart_fn=lambda t: len(t) >= 4, max_restarts=1)
+    outs = b.generate(prompts, sp, sessions=["r0", "r1"])
+    restarted = [o for o in outs if o.discarded]
+    assert restarted, "with 20 tokens every row reaches 4 characters unless it ends first"
+    for p, o in zip(prompts, outs):
+        assert len(o.discarded) <= 1 and all(len(t) == 4 for t in o.discarded)
+        assert o.discarded_tokens >= 4 * len(o.discarded)
+        # the final attempt's log-probs are those of the prompt alone: the discarded tokens are invisible
+        assert torch.allclose(teacher_forced_logprobs(b, p, o.token_ids, 1.0), torch.tensor(o.logprobs), atol=1e-4)
+        # and the session cache holds exactly the prompt and the final attempt
+        assert b.kv_store[f"r{prompts.index(p)}"].ids == p + o.token_ids[:-1]
+        assert b.kv_store[f"r{prompts.index(p)}"].layers[0][0].shape[1] == len(p) + len(o.token_ids) - 1

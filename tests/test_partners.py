@@ -209,7 +209,14 @@ def test_vs_on_a_local_model(tmp_path):
     train(tiny_cfg(tmp_path / "v", partner, steps=1), log=lambda s: None)
     recs = rollouts(tmp_path / "v")
     assert all(r["meta"]["vs"] and r["meta"]["partner"] == "policy+vs" for r in recs)
-    assert read_metrics(str(tmp_path / "v"))[0]["vs/fallback_frac"] == 1.0  # a random model writes no JSON
+    vs = [v for r in recs for v in r["meta"]["vs"]]
+    for v in vs:  # a random model rarely closes a text string: most turns fall back to a plain reply
+        assert 1 <= v["attempts"] <= 3 and len(v["errors"]) >= v["attempts"] - (0 if v["fallback"] else 1)
+        if not v["fallback"]:
+            assert v["candidates"] and all(c.strip() for c in v["candidates"]) and v["index"] < len(v["candidates"])
+            assert abs(sum(v["probs"]) - 1) < 1e-9
+    frac = read_metrics(str(tmp_path / "v"))[0]["vs/fallback_frac"]
+    assert frac == sum(v["fallback"] for v in vs) / len(vs) and frac > 0.5
 
 
 def free_port():

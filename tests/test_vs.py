@@ -97,3 +97,12 @@ def test_runaway_detects_only_an_open_overlong_candidate():
     assert not runaway(done + "x" * 30 + '", "probability": 0.5}', 20)   # closed: not a runaway
     assert runaway(done + 'an \\"escaped\\" quote ' + "x" * 20, 20)       # escaped quotes do not close
     assert not runaway("no candidates yet", 0)
+
+
+def test_complete_counts_finished_candidates():
+    from scope.partners.vs import complete, parse
+
+    two = '{"responses": [{"text": "a", "probability": 0.5}, {"text": "b", "probability": 0.3}, {"text": "c'
+    assert complete(two, 2) and not complete(two, 3)
+    p = parse(two, k=2)  # what a stopped reply gives: the complete candidates
+    assert p.ok and p.texts == ["a", "b"]

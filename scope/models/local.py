@@ -341,6 +341,9 @@ def _decode(model, tokenizer, prompts, sp: SamplingParams, eos_ids, pad_id, gen,
         cache.batch_select_indices(expand)
         logits = logits[expand]
     next_pos = pos[:, -1] + 1
+    restartable = sp.restart_fn is not None and sp.max_restarts > 0
+    first_logits = logits.clone() if restartable else None
+    restarts, dropped, discarded = [0] * n, [0] * n, [[] for _ in range(n)]
     for step in range(sp.max_new_tokens):
         tok, lp = _sample(logits.float(), sp, gen)
         tok_l, lp_l = tok.tolist(), lp.tolist()
@@ -355,17 +358,32 @@ def _decode(model, tokenizer, prompts, sp: SamplingParams, eos_ids, pad_id, gen,
                 reasons[orig] = "eos"
             elif sp.stop and any(s in tokenizer.decode(out_ids[orig][-stop_window:]) for s in sp.stop):
                 reasons[orig] = "stop"
+            elif (restartable and not last and restarts[orig] < sp.max_restarts
+                  and sp.restart_fn(tokenizer.decode(out_ids[orig], skip_special_tokens=True))):
+                # start this row over from its prompt: mask out what it generated, sample a new first token
+                discarded[orig].append(tokenizer.decode(out_ids[orig], skip_special_tokens=True))
+                dropped[orig] += len(out_ids[orig])
+                restarts[orig] += 1
+                t0, l0 = _sample(first_logits[orig:orig + 1].float(), sp, gen)
+                tok[b], out_ids[orig], out_lp[orig] = t0[0], [int(t0[0])], [float(l0[0])]
+                att[b, C + D:cur] = 0
+                next_pos[b] = len(prompts[orig])
+                continue
             elif sp.stop_fn is not None and sp.stop_fn(tokenizer.decode(out_ids[orig], skip_special_tokens=True)):
                 reasons[orig] = "stop"
             elif not last:
                 continue
             done[b] = True
             if keep_kv:  # keep what this row's cache covers (all but the last sampled token)
-                a0, b0 = C - cached[orig], C + D - len(deltas[orig])
-                kv[orig] = (list(prompts[orig]) + out_ids[orig][:-1],
-                            [(torch.cat([l.slab_k[b, :, a0:C], l.slab_k[b, :, b0:cur]], dim=1),
-                              torch.cat([l.slab_v[b, :, a0:C], l.slab_v[b, :, b0:cur]], dim=1))
-                             for l in cache.layers])
+                ids_kept = list(prompts[orig]) + out_ids[orig][:-1]
+                if restarts[orig]:  # masked-out attempts leave holes
+                    real = att[b, :cur].nonzero()[:, 0]
+                    kv[orig] = (ids_kept, [(l.slab_k[b][:, real], l.slab_v[b][:, real]) for l in cache.layers])
+                else:
+                    a0, b0 = C - cached[orig], C + D - len(deltas[orig])
+                    kv[orig] = (ids_kept, [(torch.cat([l.slab_k[b, :, a0:C], l.slab_k[b, :, b0:cur]], dim=1),
+                                            torch.cat([l.slab_v[b, :, a0:C], l.slab_v[b, :, b0:cur]], dim=1))
+                                           for l in cache.layers])
         n_done = sum(done)
         if n_done == len(batch):
             break
@@ -382,7 +400,8 @@ def _decode(model, tokenizer, prompts, sp: SamplingParams, eos_ids, pad_id, gen,
                        past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1, :]
         next_pos = next_pos + 1
     outs = [Completion(text=tokenizer.decode(out_ids[i], skip_special_tokens=True), token_ids=out_ids[i],
-                       logprobs=out_lp[i], finish_reason=reasons[i]) for i in range(n)]
+                       logprobs=out_lp[i], finish_reason=reasons[i], discarded=discarded[i],
+                       discarded_tokens=dropped[i]) for i in range(n)]
     return outs, kv
 
 

@@ -56,6 +56,17 @@ def runaway(raw: str, max_chars: int) -> bool:
     return len(tail) > max_chars
 
 
+def complete(raw: str, k: int) -> bool:
+    """True once ``raw`` holds ``k`` complete candidate objects, or has begun a (k+1)-th candidate: a
+    local VS partner stops there, since :func:`parse` keeps at most ``k`` candidates anyway."""
+    n = 0
+    for _ in _ITEM.finditer(raw):
+        n += 1
+        if n >= k:
+            return True
+    return len(_OPEN_TEXT.findall(raw)) > k
+
+
 def json_schema(k: int, method: str) -> dict[str, Any]:
     props: dict[str, Any] = {"text": {"type": "string"}}
     req = ["text"]
@@ -94,13 +105,15 @@ def _json_candidates(s: str):
 
 _ITEM = re.compile(r'\{\s*"text"\s*:\s*"((?:[^"\\]|\\.)*)"\s*(?:,\s*"probability"\s*:\s*'
                    r'(-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?))?\s*\}')
+_LOOSE_ITEM = re.compile(r'"text"\s*:\s*"((?:[^"\\]|\\.)*)"(?:\s*,\s*"probability"\s*:\s*'
+                         r'(-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?))?')
 
 
 def _salvage(raw: str) -> list[dict[str, Any]]:
-    """Complete ``{"text": ..., "probability": ...}`` objects inside a reply whose JSON as a whole is
-    broken (e.g. cut off before the list was closed)."""
+    """``"text": "...", "probability": ...`` pairs inside a reply whose JSON as a whole is broken (cut
+    off before the list was closed, braces left out); a text must be a complete JSON string."""
     out = []
-    for m in _ITEM.finditer(raw):
+    for m in _LOOSE_ITEM.finditer(raw):
         try:
             text = json.loads(f'"{m.group(1)}"')
         except ValueError:
