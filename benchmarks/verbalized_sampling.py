@@ -1,7 +1,8 @@
 """Rollout wall time with a Verbalized Sampling partner vs a plain partner, on the embedded model.
 
 16 P4G dialogues, 2 agent turns; the agent is a LoRA policy, the partner the frozen base. The VS
-partner asks for k=5 candidates (up to --vs-tokens new tokens, up to 2 re-asks, then a plain reply).
+partner asks for k=5 candidates (up to --vs-tokens new tokens, up to 2 re-asks, then a plain reply;
+tokens counted include those of discarded attempts).
 Prints each wall time, the VS parse outcome, and on its last line the ratio VS / plain.
 
     python benchmarks/verbalized_sampling.py [--dialogues 16] [--turns 2] [--vs-tokens 256]
@@ -55,8 +56,10 @@ def main() -> None:
     recs = [r for e in eps for r in e.meta.get("vs", [])]
     parsed = sum(not r["fallback"] for r in recs)
     reasks = sum(r["attempts"] - 1 for r in recs)
+    restarts = sum(e.startswith("runaway") for r in recs for e in r["errors"])
     print(f"VS partner (k={a.k}): {t_vs:.1f}s, {st_v.tokens_generated} tokens; {len(recs)} partner turns, "
-          f"{parsed} parsed, {len(recs) - parsed} fell back to plain, {reasks} re-asks")
+          f"{parsed} parsed, {len(recs) - parsed} fell back to plain, {reasks} re-asks "
+          f"({restarts} of them runaways restarted inside the batch)")
     print(f"rollout wall-time ratio VS / plain: {t_vs / t_plain:.2f}x")
 
 

@@ -106,3 +106,38 @@ def test_complete_counts_finished_candidates():
     assert complete(two, 2) and not complete(two, 3)
     p = parse(two, k=2)  # what a stopped reply gives: the complete candidates
     assert p.ok and p.texts == ["a", "b"]
+
+
+def test_runaway_vs_attempts_restart_inside_one_call(monkeypatch):
+    """Every attempt of a (tiny, random) local VS partner is made a runaway: its re-asks happen inside
+    the one batched call, then the plain fallback is the only other call."""
+    from scope import rollout
+    from scope.config import VSConfig
+    from scope.envs import get_env
+    from scope.models.local import ModelRef, load_tokenizer, tiny_backend
+    from scope.partners.sources import Binding
+    from scope.types import Episode, SamplingParams
+
+    monkeypatch.setattr(rollout, "RUNAWAY_CHARS_PER_TOKEN", 0.25)  # a 2-character candidate is a runaway
+    b = tiny_backend(load_tokenizer("tiny-random"), seed=0)
+    calls = []
+    orig = b.generate
+    b.generate = lambda prompts, sp, adapter=None, sessions=None: (
+        calls.append((len(prompts), sp.max_restarts)) or orig(prompts, sp, adapter, sessions))
+    ref = ModelRef("tiny", b)
+    env_cls = get_env("p4g")
+    task = env_cls.load_tasks("train")[0]
+    sp = SamplingParams(temperature=1.0, max_new_tokens=8)
+    jobs = [rollout.Job(env=env_cls(task, random.Random(i), max_turns=1), episode=Episode(task.id, str(i), 0),
+                        refs={"agent": Binding("a", ref, sp),
+                              "partner": Binding("vs", ref, sp, vs=VSConfig(k=3, max_new_tokens=64))}, uid=i)
+            for i in range(3)]
+    eps, _ = rollout.run_rollouts(jobs, end_on_truncation=False)
+    recs = [v for e in eps for v in e.meta["vs"]]
+    assert len(recs) == 3
+    vs_calls = [c for c in calls[1:] if c[1] > 0]
+    assert vs_calls == [(3, 2)]  # one VS call for the 3 dialogues, allowed 2 restarts each
+    runaways = [sum(e.startswith("runaway") for e in v["errors"]) for v in recs]
+    assert sum(runaways) >= 3  # (an attempt can also end at once, with an end token or a closing quote)
+    for v, n in zip(recs, runaways):
+        assert n <= 2 and v["attempts"] >= 1 + n and (v["fallback"] or v["candidates"])
