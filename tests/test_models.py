@@ -129,8 +129,13 @@ def _forward_shapes(b):
     return shapes
 
 
-def test_shared_prefix_and_partial_session_reuse_keep_logprobs_exact():
-    # grouped-query attention (4 query heads, 2 key/value heads) exercises the folded-head attention
+@pytest.mark.parametrize("chunk", [768, 10])
+def test_shared_prefix_and_partial_session_reuse_keep_logprobs_exact(chunk, monkeypatch):
+    # grouped-query attention (4 query heads, 2 key/value heads) exercises the folded-head attention;
+    # chunk=10 makes the prefill go one row at a time
+    from scope.models import local
+
+    monkeypatch.setattr(local, "PREFILL_CHUNK_TOKENS", chunk)
     b = tiny_backend(load_tokenizer("tiny-random"), seed=1, heads=4, kv_heads=2)
     b.min_shared_prefix = 8
     system = {"role": "system", "content": "one long system prompt that every row starts with"}
@@ -140,7 +145,8 @@ def test_shared_prefix_and_partial_session_reuse_keep_logprobs_exact():
     sp = SamplingParams(temperature=0.8, max_new_tokens=10)
     outs = b.generate(prompts, sp, sessions=["a", "b", "c"])
     assert shapes[0] == (1, lcp)                                   # the common prefix, once
-    assert shapes[1] == (3, max(len(p) for p in prompts) - lcp)   # then only the rest of each prompt
+    rest = max(len(p) for p in prompts) - lcp                     # then only the rest of each prompt
+    assert shapes[1:4] == ([(3, rest), (3, 1), (3, 1)] if chunk > 3 * rest else [(1, rest)] * 3)
     for p, o in zip(prompts, outs):
         assert torch.allclose(teacher_forced_logprobs(b, p, o.token_ids, 0.8), torch.tensor(o.logprobs), atol=1e-4)
     # a re-rendered request that differs from the session's last call inside the first user message:

@@ -202,6 +202,9 @@ class _KVEntry:
     version: int
 
 
+PREFILL_CHUNK_TOKENS = 768
+
+
 def _slab_layer_class():
     from transformers.cache_utils import DynamicLayer
 
@@ -218,6 +221,8 @@ def _slab_layer_class():
         def __init__(self, cap: int):
             super().__init__()
             self.cap, self.n = cap, 0
+            self.rows = slice(None)   # the rows a forward pass covers (a chunk of the prefill)
+            self.total_rows = None    # the batch size to allocate for (default: the first update's)
             self.slab_kt = self.slab_v = None
             self.keys = self.values = None
             self.is_initialized = False
@@ -232,15 +237,15 @@ def _slab_layer_class():
             self.is_initialized = True
 
         def _views(self):
-            self.keys, self.values = self.slab_k[:, :, :self.n], self.slab_v[:, :, :self.n]
+            self.keys, self.values = self.slab_k[self.rows, :, :self.n], self.slab_v[self.rows, :, :self.n]
 
         def update(self, key_states, value_states, *args, **kwargs):
             if self.slab_kt is None:
                 b, h, _, d = key_states.shape
-                self._alloc(b, h, d, key_states.dtype, key_states.device)
+                self._alloc(self.total_rows or b, h, d, key_states.dtype, key_states.device)
             q = key_states.shape[-2]
-            self.slab_kt[:, :, :, self.n:self.n + q] = key_states.transpose(-1, -2)
-            self.slab_v[:, :, self.n:self.n + q] = value_states
+            self.slab_kt[self.rows, :, :, self.n:self.n + q] = key_states.transpose(-1, -2)
+            self.slab_v[self.rows, :, self.n:self.n + q] = value_states
             self.n += q
             self._views()
             return self.keys, self.values
@@ -335,8 +340,22 @@ def _decode(model, tokenizer, prompts, sp: SamplingParams, eos_ids, pad_id, gen,
     stop_window = max((len(s) for s in sp.stop), default=0) + 8
     cur = C + D
     r = torch.tensor(rows, device=device)
-    logits = model(input_ids=ids[r], attention_mask=att[r, :cur], position_ids=pos[r], past_key_values=cache,
-                   use_cache=True, logits_to_keep=1).logits[:, -1, :]
+    # the prefill goes in chunks of rows (about PREFILL_CHUNK_TOKENS tokens each): on the CPU one
+    # huge forward is slower, its activations no longer fit in the caches
+    step_rows = max(1, PREFILL_CHUNK_TOKENS // D)
+    parts = []
+    for s0 in range(0, len(rows), step_rows):
+        rr = r[s0:s0 + step_rows]
+        for layer in cache.layers:
+            layer.total_rows, layer.rows, layer.n = len(rows), slice(s0, s0 + len(rr)), C
+            if layer.slab_kt is not None:
+                layer._views()
+        parts.append(model(input_ids=ids[rr], attention_mask=att[rr, :cur], position_ids=pos[rr],
+                           past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1, :])
+    for layer in cache.layers:
+        layer.rows = slice(None)
+        layer._views()
+    logits = torch.cat(parts) if len(parts) > 1 else parts[0]
     if len(rows) < n:
         cache.batch_select_indices(expand)
         logits = logits[expand]
