@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import random
 import time
+from collections import Counter
 
 import torch
 
@@ -60,6 +61,8 @@ def main() -> None:
     print(f"VS partner (k={a.k}): {t_vs:.1f}s, {st_v.tokens_generated} tokens; {len(recs)} partner turns, "
           f"{parsed} parsed, {len(recs) - parsed} fell back to plain, {reasks} re-asks "
           f"({restarts} of them runaways restarted inside the batch)")
+    sizes = sorted(Counter(len(r["candidates"]) for r in recs if not r["fallback"]).items())
+    print("candidates per parsed VS turn: " + ", ".join(f"{k}: {v} turns" for k, v in sizes))
     print(f"rollout wall-time ratio VS / plain: {t_vs / t_plain:.2f}x")
 
 
