@@ -373,14 +373,16 @@ def _decode(model, tokenizer, prompts, sp: SamplingParams, eos_ids, pad_id, gen,
                 continue
             out_ids[orig].append(tok_l[b])
             out_lp[orig].append(lp_l[b])
+            # the text so far, decoded once per step for the callbacks that look at it
+            text = (tokenizer.decode(out_ids[orig], skip_special_tokens=True)
+                    if (restartable or sp.stop_fn is not None) and not finished[b] else "")
             if finished[b]:
                 reasons[orig] = "eos"
             elif sp.stop and any(s in tokenizer.decode(out_ids[orig][-stop_window:]) for s in sp.stop):
                 reasons[orig] = "stop"
-            elif (restartable and not last and restarts[orig] < sp.max_restarts
-                  and sp.restart_fn(tokenizer.decode(out_ids[orig], skip_special_tokens=True))):
+            elif restartable and not last and restarts[orig] < sp.max_restarts and sp.restart_fn(text):
                 # start this row over from its prompt: mask out what it generated, sample a new first token
-                discarded[orig].append(tokenizer.decode(out_ids[orig], skip_special_tokens=True))
+                discarded[orig].append(text)
                 dropped[orig] += len(out_ids[orig])
                 restarts[orig] += 1
                 t0, l0 = _sample(first_logits[orig:orig + 1].float(), sp, gen)
@@ -388,7 +390,7 @@ def _decode(model, tokenizer, prompts, sp: SamplingParams, eos_ids, pad_id, gen,
                 att[b, C + D:cur] = 0
                 next_pos[b] = len(prompts[orig])
                 continue
-            elif sp.stop_fn is not None and sp.stop_fn(tokenizer.decode(out_ids[orig], skip_special_tokens=True)):
+            elif sp.stop_fn is not None and sp.stop_fn(text):
                 reasons[orig] = "stop"
             elif not last:
                 continue
