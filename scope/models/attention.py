@@ -5,8 +5,8 @@ whenever a mask is given, which during a batched rollout means copying the whole
 layer for each prefill of a new turn. Here the query heads that share a key/value head are folded
 into the query length instead, so the cache is read as it is:
 
-- one query token (decoding): two matmuls and a softmax, cheaper than SDPA's CPU kernel for one row
-  (with or without a mask);
+- one query token (decoding): two matmuls and a softmax; ``q @ K^T`` goes through the key cache's
+  transposed storage (see ``local._SlabLayer``), which it reads with unit stride;
 - several query tokens with a mask (a turn prefilled on top of a cache): SDPA on the folded heads.
 
 Everything else (training with gradients, no mask, float masks, sinks, soft-capping) goes to

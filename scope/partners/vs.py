@@ -31,6 +31,7 @@ def instruction(k: int, method: str) -> str:
 
 
 _OPEN_TEXT = re.compile(r'"text"\s*:\s*"')
+_CLOSED_STRING = re.compile(r'(?:[^"\\]|\\.)*"', re.DOTALL)  # the rest of a JSON string, up to its closing quote
 
 
 def runaway(raw: str, max_chars: int) -> bool:
@@ -45,15 +46,7 @@ def runaway(raw: str, max_chars: int) -> bool:
     if last is None:
         return False
     tail = raw[last.end():]
-    i = 0
-    while i < len(tail):
-        if tail[i] == "\\":
-            i += 2
-            continue
-        if tail[i] == '"':
-            return False
-        i += 1
-    return len(tail) > max_chars
+    return _CLOSED_STRING.match(tail) is None and len(tail) > max_chars
 
 
 def complete(raw: str, k: int) -> bool:
