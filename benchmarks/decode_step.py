@@ -1,7 +1,8 @@
 """Cost of one decoding step and of prefill on the embedded model: where the batching ratio comes from.
 
 Prints ms per decoding step for 1 and 32 rows on a 300-token cache, for the base weights and with a
-LoRA adapter active, and prefill tokens/s for 32 prompts of 204 tokens in one pass and in the chunks
+LoRA adapter active, each with the plain ``F.linear`` and with MKL-packed weights (what the engine
+uses while sampling, ``scope/models/packed.py``), and prefill tokens/s for 32 prompts of 204 tokens in one pass and in the chunks
 the engine uses. The batching ratio of a dialogue rollout lies between the decode-only gain
 (32 x one-row step / 32-row step) and 1 (prefill costs the same per token batched or not).
 
@@ -10,6 +11,7 @@ the engine uses. The batching ratio of a dialogue rollout lies between the decod
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 
 import torch
@@ -51,12 +53,13 @@ def main() -> None:
     b = load_backend("smollm2-135m", seed=0)
     b.add_lora("agent")
     for adapter in (None, "agent"):
-        with b.using(adapter) as m:
-            decode_ms(m, 2, 32, 2)  # warm-up
-            one, many = decode_ms(m, 1, a.ctx, a.steps), decode_ms(m, 32, a.ctx, a.steps)
-        print(f"{adapter or 'base':>6}: decode step 1 row {one:.1f} ms, 32 rows {many:.1f} ms "
-              f"-> decode-only gain at 32: {32 * one / many:.1f}x")
-    with b.using(None) as m:
+        for packed in (False, True):
+            with b.using(adapter) as m, (b.packed.active(m) if packed else contextlib.nullcontext()):
+                decode_ms(m, 2, 32, 2)  # warm-up
+                one, many = decode_ms(m, 1, a.ctx, a.steps), decode_ms(m, 32, a.ctx, a.steps)
+            print(f"{adapter or 'base':>6} {'packed' if packed else 'plain':>6}: decode step 1 row {one:.1f} ms, "
+                  f"32 rows {many:.1f} ms -> decode-only gain at 32: {32 * one / many:.1f}x", flush=True)
+    with b.using(None) as m, b.packed.active(m):
         whole = prefill_tok_s(m, 32, 204, 32)
         chunked = prefill_tok_s(m, 32, 204, max(1, local.PREFILL_CHUNK_TOKENS // 204))
         single = prefill_tok_s(m, 4, 204, 1)

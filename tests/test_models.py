@@ -132,7 +132,7 @@ def _forward_shapes(b):
 @pytest.mark.parametrize("chunk", [768, 10])
 def test_shared_prefix_and_partial_session_reuse_keep_logprobs_exact(chunk, monkeypatch):
     # grouped-query attention (4 query heads, 2 key/value heads) exercises the folded-head attention;
-    # chunk=10 makes the prefill go one row at a time
+    # chunk=10 makes the prefill go one row at a time, shortest first
     from scope.models import local
 
     monkeypatch.setattr(local, "PREFILL_CHUNK_TOKENS", chunk)
@@ -145,8 +145,9 @@ def test_shared_prefix_and_partial_session_reuse_keep_logprobs_exact(chunk, monk
     sp = SamplingParams(temperature=0.8, max_new_tokens=10)
     outs = b.generate(prompts, sp, sessions=["a", "b", "c"])
     assert shapes[0] == (1, lcp)                                   # the common prefix, once
-    rest = max(len(p) for p in prompts) - lcp                     # then only the rest of each prompt
-    assert shapes[1:4] == ([(3, rest), (3, 1), (3, 1)] if chunk > 3 * rest else [(1, rest)] * 3)
+    rests = sorted(len(p) - lcp for p in prompts)                 # then only the rest of each prompt:
+    assert shapes[1:4] == ([(3, rests[-1]), (3, 1), (3, 1)] if chunk >= 3 * rests[-1]  # in one chunk
+                           else [(1, r) for r in rests])          # or one chunk per row, each as long as its own
     for p, o in zip(prompts, outs):
         assert torch.allclose(teacher_forced_logprobs(b, p, o.token_ids, 0.8), torch.tensor(o.logprobs), atol=1e-4)
     # a re-rendered request that differs from the session's last call inside the first user message:
@@ -214,4 +215,48 @@ def test_restart_fn_resamples_in_the_batch_and_masks_the_discarded_attempt():
         assert torch.allclose(teacher_forced_logprobs(b, p, o.token_ids, 1.0), torch.tensor(o.logprobs), atol=1e-4)
         # and the session cache holds exactly the prompt and the final attempt
         assert b.kv_store[f"r{prompts.index(p)}"].ids == p + o.token_ids[:-1]
-        assert b.kv_store[f"r{prompts.index(p)}"].layers[0][0].shape[1] == len(p) + len(o.token_ids) - 1
+        assert b.kv_store[f"r{prompts.index(p)}"].layers[0][1].shape[1] == len(p) + len(o.token_ids) - 1
+
+
+def test_packed_weights_match_plain_linear_and_follow_weight_changes(b):
+    from scope.models import packed
+
+    if not b.packed.enabled:
+        pytest.skip("this torch build has no MKL packed GEMM")
+    lin = b.model.model.layers[0].mlp.down_proj
+    x = torch.randn(5, 3, lin.in_features)
+    with torch.inference_mode():
+        plain = torch.nn.functional.linear(x, lin.weight)
+        with b.packed.active(b.model):
+            assert "forward" in lin.__dict__
+            out = lin(x)
+        assert "forward" not in lin.__dict__  # the plain forward is back after the block
+    assert torch.allclose(out, plain, atol=1e-5) and lin in b.packed._packs
+    first = b.packed._packs[lin][2]
+    # an in-place update (as an optimizer step makes in full fine-tuning) is seen: packed anew
+    with torch.no_grad():
+        lin.weight.mul_(1.5)
+    with torch.inference_mode(), b.packed.active(b.model):
+        again = lin(x)
+    assert b.packed._packs[lin][2] is not first
+    assert torch.allclose(again, torch.nn.functional.linear(x, lin.weight), atol=1e-5)
+    # a single row, too many rows and gradients take the plain path
+    with b.packed.active(b.model):
+        y = lin(x[:1, :1].requires_grad_())
+        assert y.requires_grad
+    assert packed.MAX_ROWS < 1000
+
+
+def test_packed_sampling_logprobs_match_a_full_forward(b):
+    """The batched decode (several rows: packed weights) still gives teacher-forced log-probs, also after
+    the weights changed between calls (full fine-tuning)."""
+    prompts = [enc(b, [{"role": "user", "content": t}]) for t in ["hi", "hello there", "x", "what now?"]]
+    sp = SamplingParams(temperature=0.8, max_new_tokens=10)
+    for _ in range(2):
+        outs = b.generate(prompts, sp)
+        for p, o in zip(prompts, outs):
+            assert torch.allclose(teacher_forced_logprobs(b, p, o.token_ids, 0.8), torch.tensor(o.logprobs), atol=1e-4)
+        with torch.no_grad():
+            for prm in b.model.parameters():
+                prm.add_(0.01 * torch.randn_like(prm))
+    assert b.packed._packs or not b.packed.enabled

@@ -20,7 +20,7 @@ from ..types import Completion, SamplingParams
 
 class LocalBackend:
     def __init__(self, model: torch.nn.Module, tokenizer: Any, name: str = "local", seed: int = 0,
-                 kv_budget_tokens: int = 100_000):
+                 kv_budget_tokens: int = 100_000, pack_weights: bool = True):
         self.model = model
         self.tokenizer = tokenizer
         self.name = name
@@ -43,6 +43,9 @@ class LocalBackend:
         from .attention import install
 
         install(self.model)  # GQA attention without copying the KV cache (CPU sampling only)
+        from .packed import PackedLinears
+
+        self.packed = PackedLinears(enabled=pack_weights)  # MKL-packed weights while sampling (CPU)
 
     # ---- adapters -----------------------------------------------------------------------------
     @property
@@ -138,7 +141,7 @@ class LocalBackend:
             n = (_common_prefix(e.ids, p, len(p) - 1)
                  if e is not None and e.adapter == adapter and e.version == version else 0)
             reuse.append((e, n) if n > 0 else None)
-        with self.using(adapter) as model:
+        with self.using(adapter) as model, self.packed.active(model):
             self._share_prefix(model, prompts, reuse)
             outs, kv = _decode(model, self.tokenizer, prompts, sampling, self.eos_ids, self.pad_id,
                                self.generator, reuse, keep_kv=sessions is not None)
@@ -169,7 +172,7 @@ class LocalBackend:
         cache = _make_cache(_n_layers(model), n)
         model(input_ids=torch.tensor([first[:n]], device=device), past_key_values=cache, use_cache=True,
               logits_to_keep=1)
-        entry = _KVEntry(list(first[:n]), [(l.slab_k[0, :, :n], l.slab_v[0, :, :n]) for l in cache.layers],
+        entry = _KVEntry(list(first[:n]), [(l.slab_kt[0, :, :, :n], l.slab_v[0, :, :n]) for l in cache.layers],
                          None, -1)
         for i in fresh:
             reuse[i] = (entry, n)
@@ -197,7 +200,9 @@ def _common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
 @dataclass
 class _KVEntry:
     ids: list[int]
-    layers: list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [heads, len, head_dim]
+    # per layer: keys transposed [heads, head_dim, len] (the slab's layout, so copies run along len)
+    # and values [heads, len, head_dim]
+    layers: list[tuple[torch.Tensor, torch.Tensor]]
     adapter: str | None
     version: int
 
@@ -300,13 +305,14 @@ def _decode(model, tokenizer, prompts, sp: SamplingParams, eos_ids, pad_id, gen,
     keys = [(tuple(p), id(r[0]) if r else None, r[1] if r else 0) for p, r in zip(prompts, reuse)]
     first: dict[Any, int] = {}
     uniq = [first.setdefault(k, i) for i, k in enumerate(keys)]
-    rows = sorted(set(uniq))
-    row_of = {r: j for j, r in enumerate(rows)}
-    expand = torch.tensor([row_of[u] for u in uniq], device=device)
     cached = [r[1] if r else 0 for r in reuse]
     C = max(cached)
     deltas = [p[c:] for p, c in zip(prompts, cached)]
     D = max(len(d) for d in deltas)
+    # slab rows in order of the length to prefill, so that each prefill chunk is padded only to its own longest
+    rows = sorted(set(uniq), key=lambda i: (len(deltas[i]), i))
+    row_of = {r: j for j, r in enumerate(rows)}
+    expand = torch.tensor([row_of[u] for u in uniq], device=device)
     cap = C + D + sp.max_new_tokens
     cache = _make_cache(_n_layers(model), cap)
     att = torch.zeros((n, cap), dtype=torch.long, device=device)
@@ -320,12 +326,12 @@ def _decode(model, tokenizer, prompts, sp: SamplingParams, eos_ids, pad_id, gen,
     if C > 0:
         ex = next(r[0] for r in reuse if r is not None)
         for li, layer in enumerate(cache.layers):
-            k0 = ex.layers[li][0]
-            layer._alloc(len(rows), k0.shape[0], k0.shape[2], k0.dtype, device)
+            kt0 = ex.layers[li][0]
+            layer._alloc(len(rows), kt0.shape[0], kt0.shape[1], kt0.dtype, device)
             for j, i in enumerate(rows):
                 if reuse[i] is not None:
                     e, m = reuse[i]
-                    layer.slab_k[j, :, C - m:C] = e.layers[li][0][:, :m]
+                    layer.slab_kt[j, :, :, C - m:C] = e.layers[li][0][:, :, :m]
                     layer.slab_v[j, :, C - m:C] = e.layers[li][1][:, :m]
             layer.n = C
             layer._views()
@@ -335,33 +341,39 @@ def _decode(model, tokenizer, prompts, sp: SamplingParams, eos_ids, pad_id, gen,
     out_lp: list[list[float]] = [[] for _ in range(n)]
     reasons = ["length"] * n
     kv: list[Any] = [None] * n
-    batch = list(range(n))  # original row index of each batch row
     done = [False] * n      # per batch row: finished, waiting to be dropped at the next compaction
     stop_window = max((len(s) for s in sp.stop), default=0) + 8
     cur = C + D
     r = torch.tensor(rows, device=device)
     # the prefill goes in chunks of rows (about PREFILL_CHUNK_TOKENS tokens each): on the CPU one
-    # huge forward is slower, its activations no longer fit in the caches
-    step_rows = max(1, PREFILL_CHUNK_TOKENS // D)
-    parts = []
-    for s0 in range(0, len(rows), step_rows):
-        rr = r[s0:s0 + step_rows]
+    # huge forward is slower, its activations no longer fit in the caches. A chunk covers only the
+    # last w slab positions before C + D, w being its longest delta (the rest is masked padding).
+    parts, s0 = [], 0
+    while s0 < len(rows):
+        s1 = s0 + 1
+        while s1 < len(rows) and (s1 + 1 - s0) * len(deltas[rows[s1]]) <= PREFILL_CHUNK_TOKENS:
+            s1 += 1
+        rr, w = r[s0:s1], len(deltas[rows[s1 - 1]])
         for layer in cache.layers:
-            layer.total_rows, layer.rows, layer.n = len(rows), slice(s0, s0 + len(rr)), C
+            layer.total_rows, layer.rows, layer.n = len(rows), slice(s0, s1), C + D - w
             if layer.slab_kt is not None:
                 layer._views()
-        parts.append(model(input_ids=ids[rr], attention_mask=att[rr, :cur], position_ids=pos[rr],
+        parts.append(model(input_ids=ids[rr, D - w:], attention_mask=att[rr, :cur], position_ids=pos[rr, D - w:],
                            past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1, :])
+        s0 = s1
     for layer in cache.layers:
-        layer.rows = slice(None)
+        layer.rows, layer.n = slice(None), cur
         layer._views()
     logits = torch.cat(parts) if len(parts) > 1 else parts[0]
-    if len(rows) < n:
+    restartable = sp.restart_fn is not None and sp.max_restarts > 0
+    first_logits = logits[expand] if restartable else None  # by original row
+    batch = list(range(n))  # original row index of each batch row
+    if len(rows) < n:  # copies of a deduplicated prompt get their own cache rows
         cache.batch_select_indices(expand)
         logits = logits[expand]
+    else:  # the batch keeps the slab's order (by prefill length): no copy of the cache
+        batch, att, pos = list(rows), att[r], pos[r]
     next_pos = pos[:, -1] + 1
-    restartable = sp.restart_fn is not None and sp.max_restarts > 0
-    first_logits = logits.clone() if restartable else None
     restarts, dropped, discarded = [0] * n, [0] * n, [[] for _ in range(n)]
     for step in range(sp.max_new_tokens):
         tok, lp = _sample(logits.float(), sp, gen)
@@ -399,10 +411,10 @@ def _decode(model, tokenizer, prompts, sp: SamplingParams, eos_ids, pad_id, gen,
                 ids_kept = list(prompts[orig]) + out_ids[orig][:-1]
                 if restarts[orig]:  # masked-out attempts leave holes
                     real = att[b, :cur].nonzero()[:, 0]
-                    kv[orig] = (ids_kept, [(l.slab_k[b][:, real], l.slab_v[b][:, real]) for l in cache.layers])
+                    kv[orig] = (ids_kept, [(l.slab_kt[b][:, :, real], l.slab_v[b][:, real]) for l in cache.layers])
                 else:
                     a0, b0 = C - cached[orig], C + D - len(deltas[orig])
-                    kv[orig] = (ids_kept, [(torch.cat([l.slab_k[b, :, a0:C], l.slab_k[b, :, b0:cur]], dim=1),
+                    kv[orig] = (ids_kept, [(torch.cat([l.slab_kt[b, :, :, a0:C], l.slab_kt[b, :, :, b0:cur]], dim=-1),
                                             torch.cat([l.slab_v[b, :, a0:C], l.slab_v[b, :, b0:cur]], dim=1))
                                            for l in cache.layers])
         n_done = sum(done)
