@@ -444,14 +444,17 @@ def _sample(logits: torch.Tensor, sp: SamplingParams, gen: torch.Generator):
         logp = torch.log_softmax(logits, dim=-1)
         tok = logp.argmax(-1)
         return tok, logp.gather(-1, tok[:, None])[:, 0]
+    if sp.top_p >= 1.0:  # one pass fewer over the vocabulary: the draw's cumulative sum also normalises
+        z = logits / sp.temperature
+        m = z.amax(-1, keepdim=True)
+        cum = z.sub(m).exp_().cumsum_(-1)
+        u = torch.rand((z.shape[0], 1), generator=gen, device=z.device) * cum[:, -1:]
+        tok = torch.searchsorted(cum, u)[:, 0].clamp_(max=z.shape[-1] - 1)
+        return tok, (z.gather(-1, tok[:, None]) - m - cum[:, -1:].log())[:, 0]
     logp = torch.log_softmax(logits / sp.temperature, dim=-1)
-    probs = logp.exp()
-    if sp.top_p < 1.0:
-        sorted_p, order = probs.sort(dim=-1, descending=True)
-        sorted_p = sorted_p.masked_fill((sorted_p.cumsum(-1) - sorted_p) > sp.top_p, 0.0)
-        tok = order.gather(-1, _inverse_cdf(sorted_p, gen)[:, None])[:, 0]
-    else:
-        tok = _inverse_cdf(probs, gen)
+    sorted_p, order = logp.exp().sort(dim=-1, descending=True)
+    sorted_p = sorted_p.masked_fill((sorted_p.cumsum(-1) - sorted_p) > sp.top_p, 0.0)
+    tok = order.gather(-1, _inverse_cdf(sorted_p, gen)[:, None])[:, 0]
     return tok, logp.gather(-1, tok[:, None])[:, 0]
 
 

@@ -5,7 +5,7 @@ short inputs MKL's general matrix product is far from the CPU's peak; the same p
 weight that MKL has packed once into its own blocked layout ran 1.3-2.1x faster for the embedded
 model's matrices at 32 rows (one-off measurement; ``benchmarks/decode_step.py`` prints the whole
 decoding step both ways). ``PackedLinears.active(model)`` makes every float32 ``nn.Linear`` of the
-model (but LoRA's thin A and B) use such a packed copy for the duration of a block:
+model (LoRA's A and B included) use such a packed copy for the duration of a block:
 
 - the packed copy is made on first use and made again whenever the weight changed (its in-place
   version counter moved, as after an optimizer step), so full fine-tuning stays correct;
@@ -26,7 +26,6 @@ import torch
 import torch.nn.functional as F
 
 MAX_ROWS = 128  # above this the packed layout gains nothing (a long prefill is compute-bound either way)
-MIN_DIM = 32  # thinner matrices (LoRA's A and B) gain nothing from packing
 _HINT_ROWS = 32  # the row count MKL is told to pack for; the packed weight serves any row count
 
 
@@ -50,7 +49,7 @@ class PackedLinears:
         if not self.enabled:
             yield model
             return
-        mods = [m for m in model.modules() if type(m) is torch.nn.Linear and min(m.weight.shape) >= MIN_DIM
+        mods = [m for m in model.modules() if type(m) is torch.nn.Linear
                 and m.weight.dtype == torch.float32 and m.weight.device.type == "cpu"]
         for m in mods:
             m.forward = self._forward(m)
