@@ -2,9 +2,10 @@
 
 Prints ms per decoding step for 1 and 32 rows on a 300-token cache, for the base weights and with a
 LoRA adapter active, each with the plain ``F.linear`` and with MKL-packed weights (what the engine
-uses while sampling, ``scope/models/packed.py``), and prefill tokens/s for 32 prompts of 204 tokens in one pass and in the chunks
-the engine uses. The batching ratio of a dialogue rollout lies between the decode-only gain
-(32 x one-row step / 32-row step) and 1 (prefill costs the same per token batched or not).
+uses while sampling, ``scope/models/packed.py``), and prefill tokens/s for 32 prompts of 204 tokens
+in one pass and in the chunks the engine uses. The batching ratio of a dialogue rollout lies between
+the decode-only gain (32 x one-row step / 32-row step) and 1 (prefill costs the same per token
+batched or not).
 
     python benchmarks/decode_step.py [--ctx 300] [--steps 12]
 """
