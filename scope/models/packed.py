@@ -68,20 +68,27 @@ class PackedLinears:
         if entry is None or entry[0] != w.data_ptr() or entry[1] != w._version:
             entry = (w.data_ptr(), w._version, torch.ops.mkl._mkl_reorder_linear_weight(w.detach(), _HINT_ROWS))
             self._packs[m] = entry
-        return entry[2]
+        return entry
 
     def _forward(self, m):
+        # called some 400 times per decoding step: kept lean (no per-call dictionary lookup or op
+        # overload resolution); the packed copy is looked up again only when the weight changed
+        w, bias, mkl_linear, cur = m.weight, m.bias, torch.ops.mkl._mkl_linear.default, [None]
+
         def forward(x):
             rows = x.numel() // x.shape[-1] if x.dim() else 0
-            if (not self.enabled or rows < 2 or rows > MAX_ROWS or x.dtype != torch.float32
-                    or (torch.is_grad_enabled() and (x.requires_grad or m.weight.requires_grad))):
-                return F.linear(x, m.weight, m.bias)
+            if (rows < 2 or rows > MAX_ROWS or not self.enabled or x.dtype != torch.float32
+                    or (torch.is_grad_enabled() and (x.requires_grad or w.requires_grad))):
+                return F.linear(x, w, bias)
             try:
-                x2 = x.reshape(rows, x.shape[-1])
-                out = torch.ops.mkl._mkl_linear(x2, self._packed(m), m.weight, m.bias, rows)
+                entry = cur[0]
+                if entry is None or entry[1] != w._version or entry[0] != w.data_ptr():
+                    entry = cur[0] = self._packed(m)
+                if x.dim() == 2:
+                    return mkl_linear(x, entry[2], w, bias, rows)
+                return mkl_linear(x.reshape(rows, x.shape[-1]), entry[2], w, bias, rows).reshape(*x.shape[:-1], -1)
             except RuntimeError:  # a build whose MKL cannot do this: stay on the plain path from now on
                 self.enabled = False
-                return F.linear(x, m.weight, m.bias)
-            return out.reshape(*x.shape[:-1], out.shape[-1])
+                return F.linear(x, w, bias)
 
         return forward
