@@ -150,6 +150,17 @@ def test_shared_prefix_and_partial_session_reuse_keep_logprobs_exact(chunk, monk
                            else [(1, r) for r in rests])          # or one chunk per row, each as long as its own
     for p, o in zip(prompts, outs):
         assert torch.allclose(teacher_forced_logprobs(b, p, o.token_ids, 0.8), torch.tensor(o.logprobs), atol=1e-4)
+    # the sessions hold the common prefix once, by reference, and only their own tokens per row
+    root = b.kv_store["a"].shared
+    assert root is not None and all(b.kv_store[k].shared is root for k in "abc") and len(root.ids) == lcp
+    assert all(b.kv_store[k].layers[0][1].shape[1] == len(b.kv_store[k].ids) - lcp for k in "abc")
+    # a second turn of all three: the shared block is attended once per step (cascade), log-probs stay exact
+    nxt = {k: p + o.token_ids + ([b.eos_ids[0]] if o.finish_reason != "eos" else []) + enc(b, [{"role": "user",
+           "content": f"turn two {k}"}]) for k, p, o in zip("abc", prompts, outs)}
+    outs2 = b.generate(list(nxt.values()), sp, sessions=list(nxt))
+    for p, o in zip(nxt.values(), outs2):
+        assert torch.allclose(teacher_forced_logprobs(b, p, o.token_ids, 0.8), torch.tensor(o.logprobs), atol=1e-4)
+    assert all(b.kv_store[k].shared is root for k in "abc")
     # a re-rendered request that differs from the session's last call inside the first user message:
     # the cache is reused up to the first changed token only
     changed = enc(b, [system, {"role": "user", "content": "first person"}, {"role": "assistant", "content": "ok"},

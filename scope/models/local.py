@@ -16,6 +16,7 @@ from typing import Any, Sequence
 import torch
 
 from ..types import Completion, SamplingParams
+from . import attention as _attention
 
 
 class LocalBackend:
@@ -131,6 +132,10 @@ class LocalBackend:
         - rows without such a cache whose prompts start alike (e.g. one system prompt followed by
           different personas) prefill their common prefix once;
         - identical prompts (e.g. the G copies of a task on their first turn) are prefilled once.
+
+        A prefix that all rows share (their common system prompt) is kept once, not per row: the
+        sessions refer to it, and decoding attends to it as a block of its own (``attention.py``), so
+        a step reads its key/values once for the whole batch rather than once per row.
         """
         if not prompts:
             return []
@@ -144,14 +149,15 @@ class LocalBackend:
         with self.using(adapter) as model, self.packed.active(model):
             self._share_prefix(model, prompts, reuse)
             outs, kv = _decode(model, self.tokenizer, prompts, sampling, self.eos_ids, self.pad_id,
-                               self.generator, reuse, keep_kv=sessions is not None)
+                               self.generator, reuse, keep_kv=sessions is not None,
+                               min_shared=self.min_shared_prefix)
         mid = f"{self.name}:{adapter or 'base'}"
         for i, c in enumerate(outs):
             c.model_id, c.model_version = mid, version
             if sessions is not None and sessions[i] is not None:
                 self.kv_store.pop(sessions[i], None)
-                ids, layers = kv[i]
-                self.kv_store[sessions[i]] = _KVEntry(ids, layers, adapter, version)
+                ids, layers, shared = kv[i]
+                self.kv_store[sessions[i]] = _KVEntry(ids, layers, adapter, version, shared)
         self._evict()
         return outs
 
@@ -160,7 +166,7 @@ class LocalBackend:
     def _share_prefix(self, model, prompts: list[list[int]], reuse: list) -> None:
         """Prefill the longest common prefix of the rows that have no cache once (in place on ``reuse``)."""
         fresh = [i for i, r in enumerate(reuse) if r is None]
-        if len(fresh) < 2 or len({tuple(prompts[i]) for i in fresh}) < 2:
+        if len(fresh) < 2:
             return
         first = prompts[fresh[0]]
         n = min(len(prompts[i]) for i in fresh) - 1
@@ -201,10 +207,33 @@ def _common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
 class _KVEntry:
     ids: list[int]
     # per layer: keys transposed [heads, head_dim, len] (the slab's layout, so copies run along len)
-    # and values [heads, len, head_dim]
+    # and values [heads, len, head_dim], of ids[self.start:]
     layers: list[tuple[torch.Tensor, torch.Tensor]]
     adapter: str | None
     version: int
+    # an entry that holds ids[:self.start] once for many sessions (their common system prompt)
+    shared: "_KVEntry | None" = None
+
+    @property
+    def start(self) -> int:
+        return len(self.shared.ids) if self.shared is not None else 0
+
+    @property
+    def root(self) -> "_KVEntry":
+        return self.shared if self.shared is not None else self
+
+    def pieces(self, li: int, a: int, b: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Layer ``li``'s (transposed keys, values) covering token positions [a, b), in order."""
+        out, s = [], self.start
+        if a < s:
+            e = min(b, s)
+            kt, v = self.shared.layers[li]
+            out.append((kt[:, :, a:e], v[:, a:e]))
+            a = e
+        if a < b:
+            kt, v = self.layers[li]
+            out.append((kt[:, :, a - s:b - s], v[:, a - s:b - s]))
+        return out
 
 
 PREFILL_CHUNK_TOKENS = 768
@@ -290,12 +319,16 @@ def _n_layers(model) -> int:
     return int(getattr(cfg, "num_hidden_layers", None) or cfg.get_text_config().num_hidden_layers)
 
 
-def _decode(model, tokenizer, prompts, sp: SamplingParams, eos_ids, pad_id, gen, reuse, keep_kv):
+def _decode(model, tokenizer, prompts, sp: SamplingParams, eos_ids, pad_id, gen, reuse, keep_kv,
+            min_shared: int = 32):
     """Batched sampling. ``reuse[i]`` is None or (cache entry, n): the first n prompt tokens of row i
-    are taken from the entry. Returns completions and, per row, (ids covered, per-layer k/v) if keep_kv.
+    are taken from the entry. Returns completions and, per row, (ids covered, per-layer k/v of the
+    ids after the shared prefix, the shared prefix's entry or None) if keep_kv.
 
-    Layout of each row in the slab: [reused prefix, right-aligned at C][prompt rest, right-aligned at
-    C + D][sampled tokens]; the gaps are masked out and position ids count only real tokens.
+    When every row's cache starts with the same shared entry (``_KVEntry.shared``), its first S tokens
+    stay out of the slab: the attention gets them once for all rows (``attention.py``). Layout of each
+    row in the slab: [reused tokens after S, right-aligned at C][prompt rest, right-aligned at C + D]
+    [sampled tokens]; the gaps are masked out and position ids count all real tokens (S included).
     """
     device = next(model.parameters()).device
     n = len(prompts)
@@ -306,7 +339,17 @@ def _decode(model, tokenizer, prompts, sp: SamplingParams, eos_ids, pad_id, gen,
     first: dict[Any, int] = {}
     uniq = [first.setdefault(k, i) for i, k in enumerate(keys)]
     cached = [r[1] if r else 0 for r in reuse]
-    C = max(cached)
+    # a prefix held once for all rows: every row reuses a cache with the same root entry
+    root, S = None, 0
+    if n > 1 and all(r is not None for r in reuse) and model.config._attn_implementation == _attention.NAME:
+        root = reuse[0][0].root
+        if all(r[0].root is root for r in reuse):
+            S = min(min(cached), len(root.ids))
+        if S < min_shared:
+            root, S = None, 0
+    prefix = ({"scope_prefix": [(kt[:, :, :S], v[:, :S]) for kt, v in root.layers]} if S else {})
+    own = [c - S for c in cached]  # reused tokens that go into each row's slab
+    C = max(own)
     deltas = [p[c:] for p, c in zip(prompts, cached)]
     D = max(len(d) for d in deltas)
     # slab rows in order of the length to prefill, so that each prefill chunk is padded only to its own longest
@@ -321,18 +364,20 @@ def _decode(model, tokenizer, prompts, sp: SamplingParams, eos_ids, pad_id, gen,
     for i, d in enumerate(deltas):
         ids[i, D - len(d):] = torch.tensor(d, dtype=torch.long)
         pos[i, D - len(d):] = torch.arange(cached[i], cached[i] + len(d))
-        att[i, C - cached[i]:C] = 1
+        att[i, C - own[i]:C] = 1
         att[i, C + D - len(d):C + D] = 1
     if C > 0:
-        ex = next(r[0] for r in reuse if r is not None)
+        ex = next(r[0] for r in reuse if r is not None).root
         for li, layer in enumerate(cache.layers):
             kt0 = ex.layers[li][0]
             layer._alloc(len(rows), kt0.shape[0], kt0.shape[1], kt0.dtype, device)
             for j, i in enumerate(rows):
                 if reuse[i] is not None:
-                    e, m = reuse[i]
-                    layer.slab_kt[j, :, :, C - m:C] = e.layers[li][0][:, :, :m]
-                    layer.slab_v[j, :, C - m:C] = e.layers[li][1][:, :m]
+                    at = C - own[i]
+                    for kt, v in reuse[i][0].pieces(li, S, cached[i]):
+                        layer.slab_kt[j, :, :, at:at + kt.shape[-1]] = kt
+                        layer.slab_v[j, :, at:at + kt.shape[-1]] = v
+                        at += kt.shape[-1]
             layer.n = C
             layer._views()
     ids, pos = ids.to(device), pos.to(device)
@@ -359,7 +404,7 @@ def _decode(model, tokenizer, prompts, sp: SamplingParams, eos_ids, pad_id, gen,
             if layer.slab_kt is not None:
                 layer._views()
         parts.append(model(input_ids=ids[rr, D - w:], attention_mask=att[rr, :cur], position_ids=pos[rr, D - w:],
-                           past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1, :])
+                           past_key_values=cache, use_cache=True, logits_to_keep=1, **prefix).logits[:, -1, :])
         s0 = s1
     for layer in cache.layers:
         layer.rows, layer.n = slice(None), cur
@@ -411,12 +456,13 @@ def _decode(model, tokenizer, prompts, sp: SamplingParams, eos_ids, pad_id, gen,
                 ids_kept = list(prompts[orig]) + out_ids[orig][:-1]
                 if restarts[orig]:  # masked-out attempts leave holes
                     real = att[b, :cur].nonzero()[:, 0]
-                    kv[orig] = (ids_kept, [(l.slab_kt[b][:, :, real], l.slab_v[b][:, real]) for l in cache.layers])
+                    kv[orig] = (ids_kept, [(l.slab_kt[b][:, :, real], l.slab_v[b][:, real]) for l in cache.layers],
+                                root)
                 else:
-                    a0, b0 = C - cached[orig], C + D - len(deltas[orig])
+                    a0, b0 = C - own[orig], C + D - len(deltas[orig])
                     kv[orig] = (ids_kept, [(torch.cat([l.slab_kt[b, :, :, a0:C], l.slab_kt[b, :, :, b0:cur]], dim=-1),
                                             torch.cat([l.slab_v[b, :, a0:C], l.slab_v[b, :, b0:cur]], dim=1))
-                                           for l in cache.layers])
+                                           for l in cache.layers], root)
         n_done = sum(done)
         if n_done == len(batch):
             break
@@ -430,7 +476,7 @@ def _decode(model, tokenizer, prompts, sp: SamplingParams, eos_ids, pad_id, gen,
         att[:, cur] = 1
         cur += 1
         logits = model(input_ids=tok[:, None], attention_mask=att[:, :cur], position_ids=next_pos[:, None],
-                       past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1, :]
+                       past_key_values=cache, use_cache=True, logits_to_keep=1, **prefix).logits[:, -1, :]
         next_pos = next_pos + 1
     outs = [Completion(text=tokenizer.decode(out_ids[i], skip_special_tokens=True), token_ids=out_ids[i],
                        logprobs=out_lp[i], finish_reason=reasons[i], discarded=discarded[i],
