@@ -153,7 +153,7 @@ def test_shared_prefix_and_partial_session_reuse_keep_logprobs_exact(chunk, monk
     # the sessions hold the common prefix once, by reference, and only their own tokens per row
     root = b.kv_store["a"].shared
     assert root is not None and all(b.kv_store[k].shared is root for k in "abc") and len(root.ids) == lcp
-    assert all(b.kv_store[k].layers[0][1].shape[1] == len(b.kv_store[k].ids) - lcp for k in "abc")
+    assert all(sum(v.shape[1] for _, v in b.kv_store[k].layers[0]) == len(b.kv_store[k].ids) - lcp for k in "abc")
     # a second turn of all three: the shared block is attended once per step (cascade), log-probs stay exact
     nxt = {k: p + o.token_ids + ([b.eos_ids[0]] if o.finish_reason != "eos" else []) + enc(b, [{"role": "user",
            "content": f"turn two {k}"}]) for k, p, o in zip("abc", prompts, outs)}
@@ -226,7 +226,7 @@ def test_restart_fn_resamples_in_the_batch_and_masks_the_discarded_attempt():
         assert torch.allclose(teacher_forced_logprobs(b, p, o.token_ids, 1.0), torch.tensor(o.logprobs), atol=1e-4)
         # and the session cache holds exactly the prompt and the final attempt
         assert b.kv_store[f"r{prompts.index(p)}"].ids == p + o.token_ids[:-1]
-        assert b.kv_store[f"r{prompts.index(p)}"].layers[0][1].shape[1] == len(p) + len(o.token_ids) - 1
+        assert sum(v.shape[1] for _, v in b.kv_store[f"r{prompts.index(p)}"].layers[0]) == len(p) + len(o.token_ids) - 1
 
 
 def test_packed_weights_match_plain_linear_and_follow_weight_changes(b):

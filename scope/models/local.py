@@ -178,7 +178,7 @@ class LocalBackend:
         cache = _make_cache(_n_layers(model), n)
         model(input_ids=torch.tensor([first[:n]], device=device), past_key_values=cache, use_cache=True,
               logits_to_keep=1)
-        entry = _KVEntry(list(first[:n]), [(l.slab_kt[0, :, :, :n], l.slab_v[0, :, :n]) for l in cache.layers],
+        entry = _KVEntry(list(first[:n]), [[(l.slab_kt[0, :, :, :n], l.slab_v[0, :, :n])] for l in cache.layers],
                          None, -1)
         for i in fresh:
             reuse[i] = (entry, n)
@@ -206,9 +206,10 @@ def _common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
 @dataclass
 class _KVEntry:
     ids: list[int]
-    # per layer: keys transposed [heads, head_dim, len] (the slab's layout, so copies run along len)
-    # and values [heads, len, head_dim], of ids[self.start:]
-    layers: list[tuple[torch.Tensor, torch.Tensor]]
+    # per layer, in order, pieces of keys transposed [heads, head_dim, len] (the slab's layout, so
+    # copies run along len) and values [heads, len, head_dim] that together cover ids[self.start:]
+    # (views of the slab a call decoded in, or copies)
+    layers: list[list[tuple[torch.Tensor, torch.Tensor]]]
     adapter: str | None
     version: int
     # an entry that holds ids[:self.start] once for many sessions (their common system prompt)
@@ -224,15 +225,15 @@ class _KVEntry:
 
     def pieces(self, li: int, a: int, b: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Layer ``li``'s (transposed keys, values) covering token positions [a, b), in order."""
-        out, s = [], self.start
-        if a < s:
-            e = min(b, s)
-            kt, v = self.shared.layers[li]
-            out.append((kt[:, :, a:e], v[:, a:e]))
-            a = e
-        if a < b:
-            kt, v = self.layers[li]
-            out.append((kt[:, :, a - s:b - s], v[:, a - s:b - s]))
+        if a < self.start:
+            return self.shared.pieces(li, a, min(b, self.start)) + self.pieces(li, self.start, b)
+        out, at = [], self.start
+        for kt, v in self.layers[li]:
+            m = kt.shape[-1]
+            x, y = max(a, at), min(b, at + m)
+            if y > x:
+                out.append((kt[:, :, x - at:y - at], v[:, x - at:y - at]))
+            at += m
         return out
 
 
@@ -347,7 +348,10 @@ def _decode(model, tokenizer, prompts, sp: SamplingParams, eos_ids, pad_id, gen,
             S = min(min(cached), len(root.ids))
         if S < min_shared:
             root, S = None, 0
-    prefix = ({"scope_prefix": [(kt[:, :, :S], v[:, :S]) for kt, v in root.layers]} if S else {})
+    prefix = {}
+    if S:
+        prefix["scope_prefix"] = [(torch.cat([k for k, _ in ps], dim=-1), torch.cat([v for _, v in ps], dim=1))
+                                  if len(ps) > 1 else ps[0] for ps in (root.pieces(li, 0, S) for li in range(len(root.layers)))]
     own = [c - S for c in cached]  # reused tokens that go into each row's slab
     C = max(own)
     deltas = [p[c:] for p, c in zip(prompts, cached)]
@@ -369,7 +373,7 @@ def _decode(model, tokenizer, prompts, sp: SamplingParams, eos_ids, pad_id, gen,
     if C > 0:
         ex = next(r[0] for r in reuse if r is not None).root
         for li, layer in enumerate(cache.layers):
-            kt0 = ex.layers[li][0]
+            kt0 = ex.layers[li][0][0]
             layer._alloc(len(rows), kt0.shape[0], kt0.shape[1], kt0.dtype, device)
             for j, i in enumerate(rows):
                 if reuse[i] is not None:
@@ -420,6 +424,13 @@ def _decode(model, tokenizer, prompts, sp: SamplingParams, eos_ids, pad_id, gen,
         batch, att, pos = list(rows), att[r], pos[r]
     next_pos = pos[:, -1] + 1
     restarts, dropped, discarded = [0] * n, [0] * n, [[] for _ in range(n)]
+    ends = [cur] * n  # the slab column where each row's cache ends (all but its last sampled token)
+
+    def ids_kept(orig):
+        return list(prompts[orig]) + out_ids[orig][:-1]
+
+    def spans(orig):  # the slab columns that hold this row's tokens after the shared prefix
+        return [(a, b) for a, b in ((C - own[orig], C), (C + D - len(deltas[orig]), ends[orig])) if b > a]
     for step in range(sp.max_new_tokens):
         tok, lp = _sample(logits.float(), sp, gen)
         tok_l, lp_l = tok.tolist(), lp.tolist()
@@ -451,23 +462,16 @@ def _decode(model, tokenizer, prompts, sp: SamplingParams, eos_ids, pad_id, gen,
                 reasons[orig] = "stop"
             elif not last:
                 continue
-            done[b] = True
-            if keep_kv:  # keep what this row's cache covers (all but the last sampled token)
-                ids_kept = list(prompts[orig]) + out_ids[orig][:-1]
-                if restarts[orig]:  # masked-out attempts leave holes
-                    real = att[b, :cur].nonzero()[:, 0]
-                    kv[orig] = (ids_kept, [(l.slab_kt[b][:, :, real], l.slab_v[b][:, real]) for l in cache.layers],
-                                root)
-                else:
-                    a0, b0 = C - own[orig], C + D - len(deltas[orig])
-                    kv[orig] = (ids_kept, [(torch.cat([l.slab_kt[b, :, :, a0:C], l.slab_kt[b, :, :, b0:cur]], dim=-1),
-                                            torch.cat([l.slab_v[b, :, a0:C], l.slab_v[b, :, b0:cur]], dim=1))
-                                           for l in cache.layers], root)
+            done[b], ends[orig] = True, cur
         n_done = sum(done)
         if n_done == len(batch):
             break
         # dropping rows copies the whole cache: wait until a quarter of the batch has finished
         if 4 * n_done >= len(batch):
+            if keep_kv:  # the finished rows leave the slab: copy what their caches cover
+                for b, orig in enumerate(batch):
+                    if done[b]:
+                        kv[orig] = (ids_kept(orig), _row_kv(cache, att, b, spans(orig), restarts[orig], copy=True), root)
             keep = [b for b in range(len(batch)) if not done[b]]
             kt = torch.tensor(keep, device=device)
             cache.batch_select_indices(kt)
@@ -478,10 +482,30 @@ def _decode(model, tokenizer, prompts, sp: SamplingParams, eos_ids, pad_id, gen,
         logits = model(input_ids=tok[:, None], attention_mask=att[:, :cur], position_ids=next_pos[:, None],
                        past_key_values=cache, use_cache=True, logits_to_keep=1, **prefix).logits[:, -1, :]
         next_pos = next_pos + 1
+    if keep_kv:  # the rows still in the slab keep views of it (the slab lives as long as their sessions)
+        for b, orig in enumerate(batch):
+            kv[orig] = (ids_kept(orig), _row_kv(cache, att, b, spans(orig), restarts[orig], copy=False), root)
     outs = [Completion(text=tokenizer.decode(out_ids[i], skip_special_tokens=True), token_ids=out_ids[i],
                        logprobs=out_lp[i], finish_reason=reasons[i], discarded=discarded[i],
                        discarded_tokens=dropped[i]) for i in range(n)]
     return outs, kv
+
+
+def _row_kv(cache, att, b: int, spans, restarted: bool, copy: bool):
+    """Per layer, the (transposed keys, values) pieces of batch row ``b``: views of the slab at the
+    given column spans, or one copy (``copy``; always for a restarted row, whose masked-out attempts
+    leave holes)."""
+    if restarted:
+        real = att[b, :spans[-1][1]].nonzero()[:, 0]
+        return [[(l.slab_kt[b][:, :, real], l.slab_v[b][:, real])] for l in cache.layers]
+    out = []
+    for l in cache.layers:
+        ps = [(l.slab_kt[b, :, :, x:y], l.slab_v[b, :, x:y]) for x, y in spans]
+        if copy:
+            ps = [(torch.cat([k for k, _ in ps], dim=-1), torch.cat([v for _, v in ps], dim=1))] if len(ps) > 1 \
+                else [(ps[0][0].clone(), ps[0][1].clone())]
+        out.append(ps)
+    return out
 
 
 def _sample(logits: torch.Tensor, sp: SamplingParams, gen: torch.Generator):
