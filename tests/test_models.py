@@ -161,6 +161,15 @@ def test_shared_prefix_and_partial_session_reuse_keep_logprobs_exact(chunk, monk
     for p, o in zip(nxt.values(), outs2):
         assert torch.allclose(teacher_forced_logprobs(b, p, o.token_ids, 0.8), torch.tensor(o.logprobs), atol=1e-4)
     assert all(b.kv_store[k].shared is root for k in "abc")
+    # one row's request differs inside the shared prefix: the rows share only what is still common
+    cut = lcp - 3
+    third = {"a": nxt["a"][:cut] + [nxt["a"][cut] + 1] + nxt["a"][cut + 1:], "b": nxt["b"] + outs2[1].token_ids}
+    for _ in range(2):  # the second call starts from the sessions the first one left
+        outs3 = b.generate(list(third.values()), sp, sessions=list(third))
+        for p, o in zip(third.values(), outs3):
+            assert torch.allclose(teacher_forced_logprobs(b, p, o.token_ids, 0.8), torch.tensor(o.logprobs), atol=1e-4)
+        assert b.kv_store["a"].shared is b.kv_store["b"].shared and b.kv_store["a"].start == cut
+        third = {k: p + o.token_ids for (k, p), o in zip(third.items(), outs3)}
     # a re-rendered request that differs from the session's last call inside the first user message:
     # the cache is reused up to the first changed token only
     changed = enc(b, [system, {"role": "user", "content": "first person"}, {"role": "assistant", "content": "ok"},

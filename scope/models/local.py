@@ -348,10 +348,9 @@ def _decode(model, tokenizer, prompts, sp: SamplingParams, eos_ids, pad_id, gen,
             S = min(min(cached), len(root.ids))
         if S < min_shared:
             root, S = None, 0
-    prefix = {}
-    if S:
-        prefix["scope_prefix"] = [(torch.cat([k for k, _ in ps], dim=-1), torch.cat([v for _, v in ps], dim=1))
-                                  if len(ps) > 1 else ps[0] for ps in (root.pieces(li, 0, S) for li in range(len(root.layers)))]
+    prefix = {"scope_prefix": [_joined(root.pieces(li, 0, S)) for li in range(len(root.layers))]} if S else {}
+    if S and S < len(root.ids):  # a row diverges inside the shared entry: the sessions share its first S tokens
+        root = _KVEntry(root.ids[:S], [[kv] for kv in prefix["scope_prefix"]], root.adapter, root.version)
     own = [c - S for c in cached]  # reused tokens that go into each row's slab
     C = max(own)
     deltas = [p[c:] for p, c in zip(prompts, cached)]
@@ -471,7 +470,7 @@ def _decode(model, tokenizer, prompts, sp: SamplingParams, eos_ids, pad_id, gen,
             if keep_kv:  # the finished rows leave the slab: copy what their caches cover
                 for b, orig in enumerate(batch):
                     if done[b]:
-                        kv[orig] = (ids_kept(orig), _row_kv(cache, att, b, spans(orig), restarts[orig], copy=True), root)
+                        kv[orig] = (ids_kept(orig), _row_kv(cache, att, b, spans(orig), restarts[orig], True), root)
             keep = [b for b in range(len(batch)) if not done[b]]
             kt = torch.tensor(keep, device=device)
             cache.batch_select_indices(kt)
@@ -484,7 +483,7 @@ def _decode(model, tokenizer, prompts, sp: SamplingParams, eos_ids, pad_id, gen,
         next_pos = next_pos + 1
     if keep_kv:  # the rows still in the slab keep views of it (the slab lives as long as their sessions)
         for b, orig in enumerate(batch):
-            kv[orig] = (ids_kept(orig), _row_kv(cache, att, b, spans(orig), restarts[orig], copy=False), root)
+            kv[orig] = (ids_kept(orig), _row_kv(cache, att, b, spans(orig), restarts[orig], False), root)
     outs = [Completion(text=tokenizer.decode(out_ids[i], skip_special_tokens=True), token_ids=out_ids[i],
                        logprobs=out_lp[i], finish_reason=reasons[i], discarded=discarded[i],
                        discarded_tokens=dropped[i]) for i in range(n)]
@@ -502,10 +501,16 @@ def _row_kv(cache, att, b: int, spans, restarted: bool, copy: bool):
     for l in cache.layers:
         ps = [(l.slab_kt[b, :, :, x:y], l.slab_v[b, :, x:y]) for x, y in spans]
         if copy:
-            ps = [(torch.cat([k for k, _ in ps], dim=-1), torch.cat([v for _, v in ps], dim=1))] if len(ps) > 1 \
-                else [(ps[0][0].clone(), ps[0][1].clone())]
+            ps = [_joined(ps)] if len(ps) > 1 else [(ps[0][0].clone(), ps[0][1].clone())]
         out.append(ps)
     return out
+
+
+def _joined(pieces):
+    """One (transposed keys, values) pair from consecutive pieces (a single piece is returned as is)."""
+    if len(pieces) == 1:
+        return pieces[0]
+    return torch.cat([k for k, _ in pieces], dim=-1), torch.cat([v for _, v in pieces], dim=1)
 
 
 def _sample(logits: torch.Tensor, sp: SamplingParams, gen: torch.Generator):
