@@ -41,9 +41,7 @@ class LocalBackend:
         self.kv_store: OrderedDict[Any, _KVEntry] = OrderedDict()
         self.kv_budget_tokens = kv_budget_tokens
         self.model.eval()
-        from .attention import install
-
-        install(self.model)  # GQA attention without copying the KV cache (CPU sampling only)
+        _attention.install(self.model)  # GQA attention without copying the KV cache (CPU sampling only)
         from .packed import PackedLinears
 
         self.packed = PackedLinears(enabled=pack_weights)  # MKL-packed weights while sampling (CPU)
