@@ -1,10 +1,14 @@
 """Tokens/s of the batched rollout engine on the embedded model, against one dialogue at a time.
 
 P4G dialogues between a LoRA agent and the frozen base as partner (one base in memory), 3 agent
-turns, up to 48 new tokens per reply. Prints tokens/s with 8, 16 and 32 concurrent dialogues, then
-the same 32 dialogues run one at a time; the last line is the ratio at 32.
+turns, up to 48 new tokens per reply. Prints tokens/s with 8 and 16 concurrent dialogues, then
+measures 32 concurrent dialogues against the same 32 dialogues run one at a time, side by side:
+in each of ``--rounds`` rounds the 32 run together once, then a 1/rounds share of them runs one at a
+time. A 2-core machine's speed drifts by 10-25% over minutes; alternating the two spreads that drift
+over both figures instead of letting it fall on one. The last line is the ratio at 32 dialogues
+(all batched tokens over all batched seconds, against the same for the dialogues run alone).
 
-    python benchmarks/rollout_throughput.py [--turns 3] [--max-new-tokens 48] [--sequential 32]
+    python benchmarks/rollout_throughput.py [--turns 3] [--max-new-tokens 48] [--rounds 4]
 """
 from __future__ import annotations
 
@@ -31,35 +35,47 @@ def jobs(refs, n, turns, offset=0):
     return out
 
 
+def timed(refs, sp, n, turns, offset=0) -> tuple[int, float]:
+    t = time.time()
+    _, st = run_rollouts(jobs(refs, n, turns, offset), sp, end_on_truncation=False)
+    return st.tokens_generated, time.time() - t
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--max-new-tokens", type=int, default=48)
-    ap.add_argument("--sequential", type=int, default=32, help="how many of the 32 dialogues to run one at a time")
+    ap.add_argument("--rounds", type=int, default=4, help="rounds of (32 together, 32/rounds one at a time)")
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
+    if a.rounds < 1 or 32 % a.rounds:
+        ap.error("--rounds must divide 32")
     torch.set_num_threads(a.threads)
     b = load_backend("smollm2-135m", seed=0)
     b.add_lora("agent")
     refs = {"agent": ModelRef("smollm2:agent", b, "agent", True), "partner": ModelRef("smollm2:base", b)}
     sp = {r: SamplingParams(temperature=0.7, max_new_tokens=a.max_new_tokens) for r in refs}
     run_rollouts(jobs(refs, 2, 1), sp, end_on_truncation=False)  # warm-up
-    print(f"{'dialogues':>10} {'tokens':>8} {'seconds':>8} {'tokens/s':>9}")
-    rates = {}
-    for n in (8, 16, 32):
-        t = time.time()
-        _, st = run_rollouts(jobs(refs, n, a.turns), sp, end_on_truncation=False)
-        dt = time.time() - t
-        rates[n] = st.tokens_generated / dt
-        print(f"{n:>10} {st.tokens_generated:>8} {dt:>8.1f} {rates[n]:>9.1f}", flush=True)
-    tok, t = 0, time.time()
-    for i in range(a.sequential):
-        _, st = run_rollouts(jobs(refs, 1, a.turns, offset=i), sp, end_on_truncation=False)
-        tok += st.tokens_generated
-    dt = time.time() - t
-    seq = tok / dt
-    print(f"{'1 at a time':>10} {tok:>8} {dt:>8.1f} {seq:>9.1f}   ({a.sequential} dialogues in sequence)")
-    print(f"ratio at 32 dialogues (batched / one at a time): {rates[32] / seq:.2f}x")
+    print(f"{'dialogues':>12} {'tokens':>8} {'seconds':>8} {'tokens/s':>9}")
+    for n in (8, 16):
+        tok, dt = timed(refs, sp, n, a.turns)
+        print(f"{n:>12} {tok:>8} {dt:>8.1f} {tok / dt:>9.1f}", flush=True)
+    per = 32 // a.rounds
+    bt = bs = st = ss = 0.0
+    for r in range(a.rounds):
+        tok, dt = timed(refs, sp, 32, a.turns)
+        bt, bs = bt + tok, bs + dt
+        print(f"{'32':>12} {tok:>8} {dt:>8.1f} {tok / dt:>9.1f}   (round {r + 1}/{a.rounds})", flush=True)
+        tok = dt = 0.0
+        for i in range(r * per, (r + 1) * per):
+            t1, d1 = timed(refs, sp, 1, a.turns, offset=i)
+            tok, dt = tok + t1, dt + d1
+        st, ss = st + tok, ss + dt
+        print(f"{'1 at a time':>12} {int(tok):>8} {dt:>8.1f} {tok / dt:>9.1f}   (dialogues {r * per}-{(r + 1) * per - 1})",
+              flush=True)
+    print(f"{'32':>12} {int(bt):>8} {bs:>8.1f} {bt / bs:>9.1f}   (all rounds)")
+    print(f"{'1 at a time':>12} {int(st):>8} {ss:>8.1f} {st / ss:>9.1f}   (the same 32 dialogues, in sequence)")
+    print(f"ratio at 32 dialogues (batched / one at a time): {(bt / bs) / (st / ss):.2f}x")
 
 
 if __name__ == "__main__":
