@@ -136,6 +136,8 @@ def test_shared_prefix_and_partial_session_reuse_keep_logprobs_exact(chunk, monk
     from scope.models import local
 
     monkeypatch.setattr(local, "PREFILL_CHUNK_TOKENS", chunk)
+    # slab columns that are not written must be zeroed or never read: NaN there would reach the log-probs
+    monkeypatch.setattr(local, "_uninitialized", lambda *a, **k: torch.full(*a, float("nan"), **k))
     b = tiny_backend(load_tokenizer("tiny-random"), seed=1, heads=4, kv_heads=2)
     b.min_shared_prefix = 8
     system = {"role": "system", "content": "one long system prompt that every row starts with"}

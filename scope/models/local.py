@@ -240,6 +240,7 @@ class _KVEntry:
 
 
 PREFILL_CHUNK_TOKENS = 768
+_uninitialized = torch.empty  # the tests fill new slabs with NaN instead, to show what is never read
 
 
 def _slab_layer_class():
@@ -268,9 +269,12 @@ def _slab_layer_class():
         def slab_k(self):
             return None if self.slab_kt is None else self.slab_kt.transpose(-1, -2)
 
-        def _alloc(self, b, h, d, dtype, device):
-            self.slab_kt = torch.zeros((b, h, d, self.cap), dtype=dtype, device=device)
-            self.slab_v = torch.zeros((b, h, self.cap, d), dtype=dtype, device=device)
+        def _alloc(self, b, h, d, dtype, device, zero: bool = True):
+            # masked-out columns must hold finite numbers (a masked score still meets its value as
+            # 0 * v); ``zero=False`` leaves that to the caller, who knows which columns get written
+            new = torch.zeros if zero else _uninitialized
+            self.slab_kt = new((b, h, d, self.cap), dtype=dtype, device=device)
+            self.slab_v = new((b, h, self.cap, d), dtype=dtype, device=device)
             self.is_initialized = True
 
         def _views(self):
@@ -375,8 +379,14 @@ def _decode(model, tokenizer, prompts, sp: SamplingParams, eos_ids, pad_id, gen,
         ex = next(r[0] for r in reuse if r is not None).root
         for li, layer in enumerate(cache.layers):
             kt0 = ex.layers[li][0][0]
-            layer._alloc(len(rows), kt0.shape[0], kt0.shape[1], kt0.dtype, device)
+            layer._alloc(len(rows), kt0.shape[0], kt0.shape[1], kt0.dtype, device, zero=False)
             for j, i in enumerate(rows):
+                # zeros in the gaps only: the reused tokens, the prompt rest and the sampled tokens
+                # are written before they are read (the columns past them are never read)
+                for x, y in ((0, C - own[i]), (C, C + D - len(deltas[i]))):
+                    if y > x:
+                        layer.slab_kt[j, :, :, x:y] = 0
+                        layer.slab_v[j, :, x:y] = 0
                 if reuse[i] is not None:
                     at = C - own[i]
                     for kt, v in reuse[i][0].pieces(li, S, cached[i]):
