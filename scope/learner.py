@@ -13,7 +13,6 @@ from typing import Any, Sequence
 
 import torch
 
-from .heap import release_free_memory
 from .models.local import LocalBackend, clone_frozen
 from .types import Episode, Trace
 
@@ -210,4 +209,22 @@ class Learner:
     def load_state_dict(self, sd: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(sd["optimizer"])
         self.backend.versions[self.adapter] = sd["version"]
+
+
+def release_free_memory() -> None:
+    """Hand freed heap pages back to the OS (glibc ``malloc_trim``). The large, differently shaped
+    buffers of an update otherwise stay resident, and the next learner's update stacks on top."""
+    global _TRIM
+    if _TRIM is None:
+        try:
+            import ctypes
+
+            _TRIM = ctypes.CDLL("libc.so.6").malloc_trim
+        except (OSError, AttributeError):
+            _TRIM = False
+    if _TRIM:
+        _TRIM(0)
+
+
+_TRIM = None
 

@@ -21,7 +21,7 @@ from . import attention as _attention
 
 class LocalBackend:
     def __init__(self, model: torch.nn.Module, tokenizer: Any, name: str = "local", seed: int = 0,
-                 kv_budget_tokens: int = 100_000, pack_weights: bool = True, tune_heap: bool = True):
+                 kv_budget_tokens: int = 100_000, pack_weights: bool = True):
         self.model = model
         self.tokenizer = tokenizer
         self.name = name
@@ -45,10 +45,6 @@ class LocalBackend:
         from .packed import PackedLinears
 
         self.packed = PackedLinears(enabled=pack_weights)  # MKL-packed weights while sampling (CPU)
-        if tune_heap and next(self.model.parameters()).device.type == "cpu":
-            from ..heap import keep_freed_memory
-
-            keep_freed_memory()  # reuse freed key/value slabs instead of faulting in fresh pages
 
     # ---- adapters -----------------------------------------------------------------------------
     @property
