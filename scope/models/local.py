@@ -257,6 +257,7 @@ def _slab_layer_class():
             self.cap, self.n = cap, 0
             self.rows = slice(None)   # the rows a forward pass covers (a chunk of the prefill)
             self.total_rows = None    # the batch size to allocate for (default: the first update's)
+            self.rows_held = 0        # the rows the slab's memory holds (compaction does not shrink it)
             self.slab_kt = self.slab_v = None
             self.keys = self.values = None
             self.is_initialized = False
@@ -271,6 +272,7 @@ def _slab_layer_class():
             new = torch.zeros if zero else _uninitialized
             self.slab_kt = new((b, h, d, self.cap), dtype=dtype, device=device)
             self.slab_v = new((b, h, self.cap, d), dtype=dtype, device=device)
+            self.rows_held = b
             self.is_initialized = True
 
         def _views(self):
@@ -299,7 +301,21 @@ def _slab_layer_class():
         def batch_select_indices(self, indices: torch.Tensor) -> None:
             if self.slab_kt is not None:
                 self.slab_kt, self.slab_v = self.slab_kt[indices], self.slab_v[indices]
+                self.rows_held = len(indices)
                 self._views()
+
+        def keep_rows(self, keep: list[int]) -> None:
+            """Keep only the given batch rows (ascending), moved to the front of the same slab.
+
+            No new slab: a copy into fresh memory would make the kernel fault in and zero new pages
+            at every compaction. Row ``keep[j]`` moves to row ``j <= keep[j]``, whose own content
+            has moved already or is dropped."""
+            for j, b in enumerate(keep):
+                if j != b:
+                    self.slab_kt[j].copy_(self.slab_kt[b])
+                    self.slab_v[j].copy_(self.slab_v[b])
+            self.slab_kt, self.slab_v = self.slab_kt[:len(keep)], self.slab_v[:len(keep)]
+            self._views()
 
         def offload(self):
             pass
@@ -481,7 +497,8 @@ def _decode(model, tokenizer, prompts, sp: SamplingParams, eos_ids, pad_id, gen,
                         kv[orig] = (ids_kept(orig), _row_kv(cache, att, b, spans(orig), restarts[orig], True), root)
             keep = [b for b in range(len(batch)) if not done[b]]
             kt = torch.tensor(keep, device=device)
-            cache.batch_select_indices(kt)
+            for layer in cache.layers:
+                layer.keep_rows(keep)
             att, tok, next_pos = att[kt], tok[kt], next_pos[kt]
             batch, done = [batch[b] for b in keep], [False] * len(keep)
         att[:, cur] = 1
@@ -489,9 +506,11 @@ def _decode(model, tokenizer, prompts, sp: SamplingParams, eos_ids, pad_id, gen,
         logits = model(input_ids=tok[:, None], attention_mask=att[:, :cur], position_ids=next_pos[:, None],
                        past_key_values=cache, use_cache=True, logits_to_keep=1, **prefix).logits[:, -1, :]
         next_pos = next_pos + 1
-    if keep_kv:  # the rows still in the slab keep views of it (the slab lives as long as their sessions)
+    if keep_kv:  # the rows still in the slab keep views of it (the slab lives as long as their sessions),
+        # or copies where they fill less than half of it (compaction leaves the slab its first size)
+        copy = 2 * len(batch) <= cache.layers[0].rows_held
         for b, orig in enumerate(batch):
-            kv[orig] = (ids_kept(orig), _row_kv(cache, att, b, spans(orig), restarts[orig], False), root)
+            kv[orig] = (ids_kept(orig), _row_kv(cache, att, b, spans(orig), restarts[orig], copy), root)
     outs = [Completion(text=tokenizer.decode(out_ids[i], skip_special_tokens=True), token_ids=out_ids[i],
                        logprobs=out_lp[i], finish_reason=reasons[i], discarded=discarded[i],
                        discarded_tokens=dropped[i]) for i in range(n)]
