@@ -304,17 +304,18 @@ def _slab_layer_class():
                 self.rows_held = len(indices)
                 self._views()
 
-        def keep_rows(self, keep: list[int]) -> None:
-            """Keep only the given batch rows (ascending), moved to the front of the same slab.
+        def keep_rows(self, order: list[int], n: int) -> None:
+            """Keep the batch rows ``order`` (row ``order[j]`` becomes row ``j``) in the same slab,
+            copying only its first ``n`` columns (the ones written so far).
 
             No new slab: a copy into fresh memory would make the kernel fault in and zero new pages
-            at every compaction. Row ``keep[j]`` moves to row ``j <= keep[j]``, whose own content
-            has moved already or is dropped."""
-            for j, b in enumerate(keep):
+            at every compaction. A target row must be one whose own content has moved already or is
+            dropped, a source one that is not written before it is read."""
+            for j, b in enumerate(order):
                 if j != b:
-                    self.slab_kt[j].copy_(self.slab_kt[b])
-                    self.slab_v[j].copy_(self.slab_v[b])
-            self.slab_kt, self.slab_v = self.slab_kt[:len(keep)], self.slab_v[:len(keep)]
+                    self.slab_kt[j, :, :, :n] = self.slab_kt[b, :, :, :n]
+                    self.slab_v[j, :, :n] = self.slab_v[b, :, :n]
+            self.slab_kt, self.slab_v = self.slab_kt[:len(order)], self.slab_v[:len(order)]
             self._views()
 
         def offload(self):
@@ -489,18 +490,22 @@ def _decode(model, tokenizer, prompts, sp: SamplingParams, eos_ids, pad_id, gen,
         n_done = sum(done)
         if n_done == len(batch):
             break
-        # dropping rows copies the whole cache: wait until a quarter of the batch has finished
-        if 4 * n_done >= len(batch):
+        # finished rows leave the batch at once: the live rows past the first k fill the holes among
+        # them, one row copy per hole (about what a finished row would cost in one more step)
+        if n_done:
             if keep_kv:  # the finished rows leave the slab: copy what their caches cover
                 for b, orig in enumerate(batch):
                     if done[b]:
                         kv[orig] = (ids_kept(orig), _row_kv(cache, att, b, spans(orig), restarts[orig], True), root)
-            keep = [b for b in range(len(batch)) if not done[b]]
-            kt = torch.tensor(keep, device=device)
+            k = len(batch) - n_done
+            order = list(range(k))
+            for h, m in zip([j for j in order if done[j]], [b for b in range(k, len(batch)) if not done[b]]):
+                order[h] = m
             for layer in cache.layers:
-                layer.keep_rows(keep)
+                layer.keep_rows(order, cur)
+            kt = torch.tensor(order, device=device)
             att, tok, next_pos = att[kt], tok[kt], next_pos[kt]
-            batch, done = [batch[b] for b in keep], [False] * len(keep)
+            batch, done = [batch[b] for b in order], [False] * k
         att[:, cur] = 1
         cur += 1
         logits = model(input_ids=tok[:, None], attention_mask=att[:, :cur], position_ids=next_pos[:, None],
