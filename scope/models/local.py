@@ -498,8 +498,10 @@ def _decode(model, tokenizer, prompts, sp: SamplingParams, eos_ids, pad_id, gen,
                     if done[b]:
                         kv[orig] = (ids_kept(orig), _row_kv(cache, att, b, spans(orig), restarts[orig], True), root)
             k = len(batch) - n_done
+            holes = [j for j in range(k) if done[j]]                     # finished rows among the first k
+            movers = [b for b in range(k, len(batch)) if not done[b]]    # live rows after them, as many
             order = list(range(k))
-            for h, m in zip([j for j in order if done[j]], [b for b in range(k, len(batch)) if not done[b]]):
+            for h, m in zip(holes, movers):
                 order[h] = m
             for layer in cache.layers:
                 layer.keep_rows(order, cur)
