@@ -87,8 +87,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     models = dict(cfg.models)
     models.update(panel.models)
     refs = frozen_refs(models, backends, cfg.run.seed)
-    res = evaluate(agent, panel, refs, cfg.env.name, cfg.env.options, args.split, seed=cfg.run.seed,
-                   max_context=cfg.rollout.max_context)
+    from .setup import build_judge
+
+    res = evaluate(agent, panel, refs, cfg.env.name, cfg.env.options, args.split, max_context=cfg.rollout.max_context,
+                   end_on_truncation=cfg.rollout.end_on_truncation, judge=build_judge(cfg, backends))
     title = f"{args.policy} on {os.path.basename(args.panel)} ({args.split})"
     write_results(res, args.out, title)
     print(markdown(res, title))

@@ -31,6 +31,8 @@ class ModelConfig(Strict):
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     kv_budget_tokens: int = Field(200_000, ge=0)
     """Tokens of per-dialogue key/value cache kept between turns (0 turns reuse off)."""
+    options: dict[str, Any] = {}
+    """Options of a model that scope builds itself (``path: lab:...``, see scope/lab.py)."""
     # backend: openai
     base_url: str | None = None
     model_name: str | None = None
@@ -41,6 +43,10 @@ class ModelConfig(Strict):
     backoff: float = Field(0.5, ge=0)
     json_schema: bool = False
     """The endpoint accepts ``response_format`` with a JSON schema (used by Verbalized Sampling)."""
+    max_tokens: int = Field(4096, ge=1)
+    """openai: the completion-token limit of every request to this endpoint (in place of the role's
+    ``max_new_tokens``, which is sized for local models): reasoning models spend tokens before they
+    answer, and a reply cut off at the limit ends its episode as truncated."""
 
     @model_validator(mode="after")
     def _openai_fields(self):
@@ -127,6 +133,9 @@ class EnvConfig(Strict):
     eval_split: str = "test"
     options: dict[str, Any] = {}
     """Keyword options of the environment (e.g. p4g: max_turns, personas, split_seed, test_fraction)."""
+    judge: PartnerSpec | None = None
+    """A model that answers the environment's judge requests (tau2: NL assertions of later task
+    revisions); None: those checks are recorded as skipped."""
 
 
 class RolloutConfig(Strict):
@@ -209,6 +218,8 @@ class Config(Strict):
                                  f"{self.models[rc.model].backend}")
             if rc.source == "pool" and self.models[rc.model].finetune != "lora":
                 raise ValueError(f"{role}: a pool holds LoRA adapters; models.{rc.model}.finetune must be lora")
+        if self.env.judge is not None and self.env.judge.model not in self.models:
+            raise ValueError(f"env.judge.model: {self.env.judge.model!r} is not one of models ({', '.join(self.models)})")
         a, p = self.agent, self.partner
         if a.trainable and p.trainable and not p.self_play and a.model == p.model \
                 and self.models[a.model].finetune == "full":

@@ -7,6 +7,7 @@ seen and unseen means, as JSON and as a markdown table.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -31,14 +32,22 @@ class PanelEntry(PartnerSpec):
 class Panel(Strict):
     models: dict[str, ModelConfig] = {}
     partners: list[PanelEntry]
-    episodes: int = Field(8, ge=1)
+    episodes: int | None = Field(None, ge=1)
+    """Episodes per partner, cycling through the split's tasks; None: every task of the split,
+    ``repeats`` times."""
+    repeats: int = Field(1, ge=1)
     temperature: float = Field(0.0, ge=0)
     """The agent's sampling temperature during evaluation."""
     split: str | None = None
+    seed: int = 0
+    """The evaluation seed: every evaluation of a panel draws the same tasks order, environment seeds
+    and sampling noise, whatever the training step (common random numbers across checkpoints)."""
 
 
 def load_panel(path_or_data: str | dict) -> Panel:
     if isinstance(path_or_data, str):
+        if not os.path.exists(path_or_data):
+            raise ConfigError(f"panel file {path_or_data} not found")
         with open(path_or_data) as f:
             data = yaml.safe_load(f) or {}
     else:
@@ -61,26 +70,40 @@ def frozen_refs(models: dict[str, ModelConfig], backends: dict, seed: int = 0) -
     out = {}
     for name, mc in models.items():
         if mc.backend == "openai":
-            out[name] = OpenAIRef(id=name, base_url=mc.base_url, model=mc.model_name, api_key_env=mc.api_key_env,
-                                  timeout=mc.timeout, concurrency=mc.concurrency, max_retries=mc.max_retries,
-                                  backoff=mc.backoff, json_schema=mc.json_schema, seed=seed)
+            out[name] = OpenAIRef.from_config(name, mc, seed)
             continue
         key = f"{name}#frozen" if f"{name}#frozen" in backends else name  # not the fully fine-tuned copy
         if key not in backends:
-            backends[key] = load_backend(mc.path, name=name, seed=seed, dtype=mc.dtype)
+            backends[key] = load_backend(mc.path, name=name, seed=seed, dtype=mc.dtype, options=mc.options)
         out[name] = ModelRef(id=f"{name}:base", backend=backends[key])
     return out
 
 
-def evaluate(agent: Binding, panel: Panel, refs: dict[str, Any], env_name: str, env_options: dict,
-             split: str, seed: int = 0, max_context: int = 4096) -> dict[str, Any]:
+@contextlib.contextmanager
+def fixed_sampling(refs: list[Any], seed: int):
+    """Seed the sampling generators of the local models behind ``refs`` for the block, then give each
+    back the state it had (an evaluation neither depends on nor disturbs the training's noise)."""
+    gens = {}
+    for r in refs:
+        b = getattr(r, "backend", None)
+        if b is not None and id(b) not in gens:
+            gens[id(b)] = (b.generator, b.generator.get_state())
+    try:
+        for k, (g, _) in enumerate(gens.values()):
+            g.manual_seed(seed * 1_000_003 + k)
+        yield
+    finally:
+        for g, state in gens.values():
+            g.set_state(state)
+
+
+def panel_jobs(agent: Binding, panel: Panel, refs: dict[str, Any], env_name: str, env_options: dict,
+               split: str, seed: int) -> tuple[list[Job], list[PanelEntry]]:
     env_cls = get_env(env_name)
     tasks = env_cls.load_tasks(split, **env_options)
     if not tasks:
         raise ValueError(f"no {env_name} tasks in split {split!r}")
-    agent = Binding(id=agent.id, ref=agent.ref, vs=agent.vs, note=agent.note,
-                    sampling=SamplingParams(temperature=panel.temperature, top_p=agent.sampling.top_p,
-                                            max_new_tokens=agent.sampling.max_new_tokens, stop=agent.sampling.stop))
+    n = panel.episodes if panel.episodes is not None else len(tasks) * panel.repeats
     rng = random.Random(seed)
     jobs, owner = [], []
     uid = 10_000_000
@@ -88,20 +111,38 @@ def evaluate(agent: Binding, panel: Panel, refs: dict[str, Any], env_name: str, 
         if p.model not in refs:
             raise ConfigError(f"panel partner {p.spec_id()!r}: model {p.model!r} is not defined")
         b = spec_binding(p, refs[p.model])
-        for i in range(panel.episodes):
+        for i in range(n):
             task = tasks[i % len(tasks)]
             ep = Episode(task_id=task.id, group_id=f"eval:{p.spec_id()}:{task.id}", copy=i // len(tasks))
             jobs.append(Job(env=env_cls(task, random.Random(rng.random()), **env_options), episode=ep,
                             refs={"agent": agent, "partner": b}, uid=uid))
             owner.append(p)
             uid += 1
-    episodes, _ = run_rollouts(jobs, max_context=max_context, end_on_truncation=False)
+    return jobs, owner
+
+
+def evaluate(agent: Binding, panel: Panel, refs: dict[str, Any], env_name: str, env_options: dict,
+             split: str, seed: int | None = None, max_context: int = 4096, end_on_truncation: bool = True,
+             judge: Binding | None = None) -> dict[str, Any]:
+    """The agent against every panel partner. ``seed`` defaults to the panel's own (fixed) seed.
+    Truncated replies are handled as in training (``end_on_truncation``)."""
+    seed = panel.seed if seed is None else seed
+    agent = Binding(id=agent.id, ref=agent.ref, vs=agent.vs, note=agent.note,
+                    sampling=SamplingParams(temperature=panel.temperature, top_p=agent.sampling.top_p,
+                                            max_new_tokens=agent.sampling.max_new_tokens, stop=agent.sampling.stop))
+    jobs, owner = panel_jobs(agent, panel, refs, env_name, env_options, split, seed)
+    used = [agent.ref] + [j.refs["partner"].ref for j in jobs] + ([judge.ref] if judge else [])
+    with fixed_sampling(used, seed):
+        episodes, _ = run_rollouts(jobs, max_context=max_context, end_on_truncation=end_on_truncation, judge=judge)
     per: dict[str, dict[str, Any]] = {}
     for p in panel.partners:
         eps = [e for e, o in zip(episodes, owner) if o is p]
         ok = [e.rewards.get("agent", 0.0) for e in eps if not e.failed]
-        per[p.spec_id()] = {"mean": sum(ok) / len(ok) if ok else float("nan"), "n": len(ok),
-                            "failed": len(eps) - len(ok), "seen": p.seen}
+        m = sum(ok) / len(ok) if ok else float("nan")
+        sd = math.sqrt(sum((x - m) ** 2 for x in ok) / (len(ok) - 1)) if len(ok) > 1 else float("nan")
+        per[p.spec_id()] = {"mean": m, "n": len(ok), "failed": len(eps) - len(ok), "seen": p.seen,
+                            "se": sd / math.sqrt(len(ok)) if len(ok) > 1 else float("nan"),
+                            "truncated": sum(e.status == "truncated" for e in eps)}
     return summarize(per) | {"episodes": [e.summary() for e in episodes]}
 
 
@@ -113,21 +154,36 @@ def _mean_std(xs: list[float]) -> tuple[float, float]:
     return m, math.sqrt(sum((x - m) ** 2 for x in xs) / len(xs))
 
 
+def _se_of_mean(ses: list[float]) -> float:
+    """Standard error of a mean of independent partner means, from their own standard errors."""
+    ses = [x for x in ses if not math.isnan(x)]
+    return math.sqrt(sum(x * x for x in ses)) / len(ses) if ses else float("nan")
+
+
 def summarize(per: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Panel mean and std across partners; seen and unseen means; each mean's standard error (the
+    evaluation noise, from the episodes' spread)."""
     means = [v["mean"] for v in per.values()]
     m, s = _mean_std(means)
-    seen, _ = _mean_std([v["mean"] for v in per.values() if v["seen"]])
-    unseen, _ = _mean_std([v["mean"] for v in per.values() if not v["seen"]])
-    return {"per_partner": per, "panel_mean": m, "panel_std": s, "seen_mean": seen, "unseen_mean": unseen}
+    out = {"per_partner": per, "panel_mean": m, "panel_std": s}
+    for key, sel in (("panel", lambda v: True), ("seen", lambda v: v["seen"]), ("unseen", lambda v: not v["seen"])):
+        vs = [v for v in per.values() if sel(v)]
+        if key != "panel":
+            out[f"{key}_mean"] = _mean_std([v["mean"] for v in vs])[0]
+        out[f"{key}_se"] = _se_of_mean([v.get("se", float("nan")) for v in vs])
+    return out
 
 
 def markdown(res: dict[str, Any], title: str = "evaluation") -> str:
     f = lambda x: "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3f}"  # noqa: E731
-    lines = [f"### {title}", "", "| partner | seen | mean reward | episodes | failed |", "|---|---|---|---|---|"]
+    lines = [f"### {title}", "", "| partner | seen | mean reward | ± s.e. | episodes | failed | truncated |",
+             "|---|---|---|---|---|---|---|"]
     for pid, v in res["per_partner"].items():
-        lines.append(f"| {pid} | {'yes' if v['seen'] else 'no'} | {f(v['mean'])} | {v['n']} | {v['failed']} |")
-    lines += ["", f"panel mean {f(res['panel_mean'])} ± {f(res['panel_std'])} (std across partners); "
-                  f"seen {f(res['seen_mean'])}; unseen {f(res['unseen_mean'])}", ""]
+        lines.append(f"| {pid} | {'yes' if v['seen'] else 'no'} | {f(v['mean'])} | {f(v.get('se'))} | {v['n']} | "
+                     f"{v['failed']} | {v.get('truncated', 0)} |")
+    lines += ["", f"panel mean {f(res['panel_mean'])} ± {f(res['panel_std'])} (std across partners; s.e. "
+                  f"{f(res.get('panel_se'))}); seen {f(res['seen_mean'])} (s.e. {f(res.get('seen_se'))}); "
+                  f"unseen {f(res['unseen_mean'])} (s.e. {f(res.get('unseen_se'))})", ""]
     return "\n".join(lines)
 
 

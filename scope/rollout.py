@@ -120,10 +120,11 @@ def _sp_key(sp: SamplingParams) -> tuple:
 
 
 def run_rollouts(jobs: list[Job], sampling: dict[str, SamplingParams] | None = None, max_context: int = 4096,
-                 end_on_truncation: bool = True, progress: Callable[[str], None] | None = None
-                 ) -> tuple[list[Episode], RolloutStats]:
+                 end_on_truncation: bool = True, progress: Callable[[str], None] | None = None,
+                 judge: Binding | None = None) -> tuple[list[Episode], RolloutStats]:
     """Run every job to its end. ``Job.refs[role]`` is a Binding (or a bare model ref, then sampled with
-    ``sampling[role]``). Returns the episodes and throughput statistics."""
+    ``sampling[role]``). ``judge`` answers the environments' judge requests (all in one batched call)
+    before the rewards are computed. Returns the episodes and throughput statistics."""
     stats = RolloutStats()
     t0 = time.time()
     for j in jobs:
@@ -180,6 +181,8 @@ def run_rollouts(jobs: list[Job], sampling: dict[str, SamplingParams] | None = N
         if progress:
             progress(f"round {stats.rounds}: {len(live)}/{len(jobs)} dialogues live, "
                      f"{stats.tokens_generated} tokens")
+    if judge is not None:
+        _judge(jobs, judge, stats)
     episodes = []
     for j in jobs:
         ep = j.episode
@@ -355,6 +358,33 @@ def _run_text_requests(items: list[_Req], stats: RolloutStats, vs: bool) -> None
                 _count(stats, c.model_id or b.id, len(c.token_ids))
     for r in items:
         r.job.episode.meta.setdefault("vs", []).append({"role": r.role, **records[id(r)]})
+
+
+def _judge(jobs: list[Job], judge: Binding, stats: RolloutStats) -> None:
+    """One batched text call for every judge request of the finished episodes."""
+    asks = []
+    for j in jobs:
+        if j.episode.status != "failed":
+            try:
+                reqs = j.env.judge_requests()
+            except Exception as e:  # noqa: BLE001
+                _fail(j, e)
+                continue
+            asks += [(j, k, conv) for k, conv in enumerate(reqs)]
+    if not asks:
+        return
+    outs = _chat(judge.ref, [conv for _, _, conv in asks], judge.sampling)
+    stats.calls += 1
+    replies: dict[int, list] = {}
+    for (j, _, _), c in zip(asks, outs):
+        replies.setdefault(id(j), [j, []])[1].append(None if isinstance(c, BaseException) else c.text)
+        if not isinstance(c, BaseException):
+            _count(stats, c.model_id or judge.id, len(c.token_ids))
+    for j, texts in replies.values():
+        try:
+            j.env.set_judgements(texts)
+        except Exception as e:  # noqa: BLE001
+            _fail(j, e)
 
 
 def _fail(j: Job, e: BaseException) -> None:

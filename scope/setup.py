@@ -21,7 +21,8 @@ def build_models(cfg: Config) -> tuple[dict[str, LocalBackend], dict[str, Any], 
     def backend(key: str, model_name: str) -> LocalBackend:
         if key not in backends:
             mc = cfg.models[model_name]
-            b = load_backend(mc.path, name=model_name, seed=cfg.run.seed + len(backends), dtype=mc.dtype)
+            b = load_backend(mc.path, name=model_name, seed=cfg.run.seed + len(backends), dtype=mc.dtype,
+                             options=mc.options)
             b.kv_budget_tokens = mc.kv_budget_tokens
             backends[key] = b
         return backends[key]
@@ -55,11 +56,19 @@ def build_models(cfg: Config) -> tuple[dict[str, LocalBackend], dict[str, Any], 
             if mc.backend == "openai":
                 from .models.openai_backend import OpenAIRef
 
-                frozen[name] = OpenAIRef(id=name, base_url=mc.base_url, model=mc.model_name,
-                                         api_key_env=mc.api_key_env, timeout=mc.timeout, concurrency=mc.concurrency,
-                                         max_retries=mc.max_retries, backoff=mc.backoff, json_schema=mc.json_schema,
-                                         seed=cfg.run.seed)
+                frozen[name] = OpenAIRef.from_config(name, mc, cfg.run.seed)
             else:
                 key = f"{name}#frozen" if name in full_trained else name
                 frozen[name] = ModelRef(id=f"{name}:base", backend=backend(key, name), trainable=False)
     return backends, build_sources(cfg, frozen, trainable), trainable
+
+
+def build_judge(cfg: Config, backends: dict[str, LocalBackend]):
+    """The binding of ``env.judge`` (frozen: a model's base weights or an endpoint), or None."""
+    if cfg.env.judge is None:
+        return None
+    from .eval import frozen_refs
+    from .partners.sources import spec_binding
+
+    name = cfg.env.judge.model
+    return spec_binding(cfg.env.judge, frozen_refs({name: cfg.models[name]}, backends, cfg.run.seed)[name])

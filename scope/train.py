@@ -29,7 +29,7 @@ from .partners.rewards import apply_partner_reward
 from .diagnostics import CLASSIFIERS, behaviour_stats, group_similarity
 from .rollout import Job, run_rollouts
 from .run import Checkpointer, MetricsLogger, RunDir, rollout_records, save_weights
-from .setup import build_models
+from .setup import build_judge, build_models
 from .types import Episode, Task
 
 
@@ -88,6 +88,7 @@ def train(cfg: Config, resume: bool = False, on_step_end: Callable[[int], None] 
         torch.set_num_threads(cfg.run.threads)
     t_load = time.time()
     backends, sources, trainable = build_models(cfg)
+    judge = build_judge(cfg, backends)
     log(f"loaded models {sorted(backends)} in {time.time() - t_load:.1f}s")
     learners: dict[str, Learner] = {}   # one per trained set of weights
     roles_of: dict[str, list[str]] = {}  # learner -> the roles whose tokens it trains on
@@ -115,8 +116,8 @@ def train(cfg: Config, resume: bool = False, on_step_end: Callable[[int], None] 
         for pool in pools.values():
             pool.snapshot(0)  # the pool starts with the initial partner
     metrics_log = MetricsLogger(run, start_step=start)
-    evaluator = PanelEval(cfg, backends, trainable["agent"], run) if cfg.eval.panel and "agent" in trainable \
-        else None
+    evaluator = PanelEval(cfg, backends, trainable["agent"], run, judge) \
+        if cfg.eval.panel and "agent" in trainable else None
     classify = CLASSIFIERS.get(cfg.env.name)
     log(f"training {list(learners)} on {len(tasks)} {cfg.env.name} tasks ({cfg.env.train_split}); "
         f"{cfg.rollout.n_tasks} tasks x G={cfg.rollout.group_size} per step; run dir {run.path}")
@@ -125,7 +126,8 @@ def train(cfg: Config, resume: bool = False, on_step_end: Callable[[int], None] 
         jobs = make_jobs(cfg, sampler.next(cfg.rollout.n_tasks), sources, step, env_rng)
         progress = (lambda s: log(f"  step {step} {s}")) if cfg.run.progress else None
         episodes, rstats = run_rollouts(jobs, max_context=cfg.rollout.max_context,
-                                        end_on_truncation=cfg.rollout.end_on_truncation, progress=progress)
+                                        end_on_truncation=cfg.rollout.end_on_truncation, progress=progress,
+                                        judge=judge)
         t1 = time.time()
         m: dict[str, float] = {"step": step, **episode_metrics(episodes)}
         m.update(step_diagnostics(cfg, step, jobs, episodes, classify, env_rng))
@@ -160,11 +162,11 @@ def train(cfg: Config, resume: bool = False, on_step_end: Callable[[int], None] 
 class PanelEval:
     """Evaluation on the held-out panel every ``eval.every`` steps; keeps the best adapter in RUN_DIR/best."""
 
-    def __init__(self, cfg: Config, backends: dict, agent_ref, run: RunDir):
+    def __init__(self, cfg: Config, backends: dict, agent_ref, run: RunDir, judge=None):
         from .eval import frozen_refs, load_panel
         from .partners.sources import spec_binding
 
-        self.cfg, self.rundir = cfg, run
+        self.cfg, self.rundir, self.judge = cfg, run, judge
         self.panel = load_panel(cfg.eval.panel)
         models = dict(cfg.models)
         models.update(self.panel.models)
@@ -178,10 +180,11 @@ class PanelEval:
 
         c = self.cfg
         res = evaluate(self.agent, self.panel, self.refs, c.env.name, c.env.options,
-                       self.panel.split or c.env.eval_split, seed=c.run.seed + step, max_context=c.rollout.max_context)
+                       self.panel.split or c.env.eval_split, max_context=c.rollout.max_context,
+                       end_on_truncation=c.rollout.end_on_truncation, judge=self.judge)
         write_results(res, self.rundir.file("eval", f"step_{step:06d}"), f"step {step}")
-        out = {"eval/panel_mean": res["panel_mean"], "eval/panel_std": res["panel_std"],
-               "eval/seen_mean": res["seen_mean"], "eval/unseen_mean": res["unseen_mean"]}
+        out = {f"eval/{k}": res[k] for k in ("panel_mean", "panel_std", "seen_mean", "unseen_mean", "panel_se",
+                                              "seen_se", "unseen_se") if not math.isnan(res[k])}
         out.update({f"eval/partner/{k}": v["mean"] for k, v in res["per_partner"].items()})
         score = res["seen_mean"] if c.eval.select_on == "seen" else res["panel_mean"]
         if not math.isnan(score) and score > self.best:

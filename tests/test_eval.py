@@ -67,14 +67,17 @@ def test_p4g_behaviour_classes():
 
 
 def test_panel_summary_and_markdown():
-    per = {"a": {"mean": 0.5, "n": 4, "failed": 0, "seen": True},
-           "b": {"mean": 0.1, "n": 4, "failed": 1, "seen": False},
-           "c": {"mean": 0.3, "n": 4, "failed": 0, "seen": False}}
+    per = {"a": {"mean": 0.5, "n": 4, "failed": 0, "seen": True, "se": 0.1},
+           "b": {"mean": 0.1, "n": 4, "failed": 1, "seen": False, "se": 0.3},
+           "c": {"mean": 0.3, "n": 4, "failed": 0, "seen": False, "se": 0.4, "truncated": 2}}
     r = summarize(per)
     assert r["panel_mean"] == pytest.approx(0.3) and r["panel_std"] == pytest.approx(math.sqrt(0.08 / 3))
     assert r["seen_mean"] == 0.5 and r["unseen_mean"] == pytest.approx(0.2)
+    # the standard error of a mean of partner means: sqrt(sum of their squared s.e.) / their number
+    assert r["unseen_se"] == pytest.approx(0.25) and r["seen_se"] == pytest.approx(0.1)
     md = markdown(r)
-    assert "| b | no | 0.100 | 4 | 1 |" in md and "unseen 0.200" in md
+    assert "| b | no | 0.100 | 0.300 | 4 | 1 | 0 |" in md and "| c | no | 0.300 | 0.400 | 4 | 0 | 2 |" in md
+    assert "unseen 0.200 (s.e. 0.250)" in md
 
 
 def test_panel_validation(tmp_path):

@@ -56,27 +56,35 @@ def test_gold_actions_score_one_and_broken_ones_zero(root, domain):
         crit = task["evaluation_criteria"]
         gold = crit.get("actions") or []
         said = ["Here is what I found: " + ", ".join(map(str, crit.get("communicate_info") or []))]
-        ev = evaluate(domain, data, task, gold, said, ended_by_user=True)
+        ev = evaluate(domain, data, task, gold, said, ended_by="user")
         assert ev["reward"] == 1.0, (tid, ev)
-        assert evaluate(domain, data, task, gold, said, ended_by_user=False)["reward"] == 0.0
+        assert evaluate(domain, data, task, gold, said, ended_by=None)["reward"] == 0.0
         i = last_successful_write(domain, data, gold)
-        if i is None or "DB" not in crit["reward_basis"]:
+        if i is None:
             skipped += 1
             continue
         dropped = gold[:i] + gold[i + 1:]
-        assert evaluate(domain, data, task, dropped, said, True)["reward"] == 0.0, tid
+        assert evaluate(domain, data, task, dropped, said, "user")["reward"] == 0.0, tid
         broken = gold[:i] + [dict(gold[i], arguments=corrupt(gold[i]["arguments"]))] + gold[i + 1:]
-        assert evaluate(domain, data, task, broken, said, True)["reward"] == 0.0, tid
+        assert evaluate(domain, data, task, broken, said, "user")["reward"] == 0.0, tid
         checked += 1
     assert checked > 0.6 * len(data["tasks"]) if domain == "retail" else checked >= 20
     print(f"{domain}: {checked} tasks checked by dropping/corrupting their last write, {skipped} have none")
 
 
-def test_communicate_is_case_insensitive_and_ignores_commas(root):
+def test_communicate_matches_as_upstream(root):
+    """tau2's check: the lower-cased string in one lower-cased agent message with its commas removed."""
     data = load_domain(root, "airline")
-    task = {"evaluation_criteria": {"actions": [], "communicate_info": ["1,234.50"], "reward_basis": ["COMMUNICATE"]}}
-    assert evaluate("airline", data, task, [], ["The total is 1234.50 dollars"], True)["reward"] == 1.0
-    assert evaluate("airline", data, task, [], ["The total is 1234"], True)["reward"] == 0.0
+
+    def grade(info, messages):
+        task = {"evaluation_criteria": {"actions": [], "communicate_info": [info], "reward_basis": ["COMMUNICATE"]}}
+        return evaluate("airline", data, task, [], messages, "user")["reward"]
+
+    assert grade("1234.50", ["The total is 1,234.50 dollars"]) == 1.0  # the message's commas go
+    assert grade("Camera", ["your CAMERA is on its way"]) == 1.0
+    assert grade("1234.50", ["The total is 1234"]) == 0.0
+    assert grade("1,234.50", ["The total is 1,234.50 dollars"]) == 0.0  # the string keeps its own commas
+    assert grade("full refund", ["a full", "refund"]) == 0.0  # within one message, not across two
 
 
 def test_tool_errors_follow_tau2(root):
@@ -124,7 +132,7 @@ def test_env_routes_tool_calls_and_hides_them_from_the_user(root, smol_tokenizer
     e = eps[0]
     assert e.status == "user_stop"
     ev = e.meta["evaluation"]
-    assert ev["ended_by_user"] and "db" in ev
+    assert ev["ended_by"] == "user" and "db" in ev
     assert e.meta["tool_calls"] == 1 and e.meta["tool_errors"] == 1
     pv = "\n".join(m["content"] for m in env.views["partner"])
     assert "tool_call" not in pv and "tool_result" not in pv and "I found your profile" in pv

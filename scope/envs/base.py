@@ -84,6 +84,14 @@ class Env:
     def rewards(self) -> dict[str, float]:
         raise NotImplementedError
 
+    def judge_requests(self) -> list[list[dict[str, str]]]:
+        """Conversations to put to a judge model before ``rewards`` (e.g. tau2's NL assertions); the
+        rollout engine batches them across episodes. Default: none."""
+        return []
+
+    def set_judgements(self, replies: list[str | None]) -> None:
+        """The judge's replies to ``judge_requests``, in order (None where the call failed)."""
+
     # ---- tasks ------------------------------------------------------------------------------
     @classmethod
     def load_tasks(cls, split: str, **options: Any) -> list[Task]:

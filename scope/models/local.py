@@ -687,37 +687,67 @@ def char_tokenizer():
     return tok
 
 
-def resolve_model_path(spec: str) -> str:
+MODEL_BUILDERS: dict[str, Any] = {}
+"""``prefix -> build(name, options) -> checkpoint directory``: models that scope makes itself, named
+``prefix:name`` in ``models.<m>.path`` (the collapse lab's models are ``lab:...``)."""
+
+
+def register_model_builder(prefix: str):
+    def deco(fn):
+        MODEL_BUILDERS[prefix] = fn
+        return fn
+
+    return deco
+
+
+def _builder(spec: str):
+    if ":" not in spec:
+        return None
+    from .. import envs  # noqa: F401  (environments register their model builders)
+
+    prefix, rest = spec.split(":", 1)
+    fn = MODEL_BUILDERS.get(prefix)
+    return (lambda options: fn(rest, options)) if fn is not None else None
+
+
+def resolve_model_path(spec: str, options: dict | None = None) -> str:
+    build = _builder(spec)
+    if build is not None:
+        return build(dict(options or {}))
+    if options:
+        raise ValueError(f"model {spec!r}: options {sorted(options)} apply only to models scope builds "
+                         f"({', '.join(p + ':...' for p in MODEL_BUILDERS) or 'none registered'})")
     if spec in EMBEDDED:
         return materialize_embedded(spec)
     if os.path.isdir(spec):
         return spec
     raise ValueError(f"model {spec!r} is neither an embedded model ({', '.join(EMBEDDED)}), {TINY!r}, "
+                     f"a built model ({', '.join(p + ':...' for p in MODEL_BUILDERS)}), "
                      f"nor a directory with a transformers checkpoint")
 
 
-def load_tokenizer(spec: str):
+def load_tokenizer(spec: str, options: dict | None = None):
     from transformers import AutoTokenizer
 
     if spec == TINY:
         return char_tokenizer()
-    tok = AutoTokenizer.from_pretrained(resolve_model_path(spec))
+    tok = AutoTokenizer.from_pretrained(resolve_model_path(spec, options))
     if tok.chat_template is None:
         raise ValueError(f"tokenizer of {spec!r} has no chat template")
     return tok
 
 
 def load_backend(spec: str, name: str | None = None, seed: int = 0, dtype: str = "float32",
-                 threads: int | None = None) -> LocalBackend:
+                 threads: int | None = None, options: dict | None = None) -> LocalBackend:
     from transformers import AutoModelForCausalLM
 
     if threads:
         torch.set_num_threads(threads)
     if spec == TINY:
         return tiny_backend(load_tokenizer(spec), seed=seed, name=name or spec)
-    path = resolve_model_path(spec)
+    path = resolve_model_path(spec, options)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
-    return LocalBackend(model, load_tokenizer(spec), name=name or spec, seed=seed)
+    return LocalBackend(model, load_tokenizer(path), name=name or spec, seed=seed)
 
 
 def tiny_backend(tokenizer, seed: int = 0, hidden: int = 64, layers: int = 2, name: str = "tiny",

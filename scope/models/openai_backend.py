@@ -41,11 +41,11 @@ class OpenAIRef:
 
     def __init__(self, id: str, base_url: str, model: str, api_key_env: str | None = "OPENAI_API_KEY",
                  timeout: float = 60.0, concurrency: int = 8, max_retries: int = 4, backoff: float = 0.5,
-                 json_schema: bool = False, seed: int = 0):
+                 json_schema: bool = False, seed: int = 0, max_tokens: int | None = None):
         import openai
 
         key = os.environ.get(api_key_env, "") if api_key_env else ""
-        self.id, self.model, self.json_schema = id, model, json_schema
+        self.id, self.model, self.json_schema, self.max_tokens = id, model, json_schema, max_tokens
         self.max_retries, self.backoff, self.concurrency = max_retries, backoff, concurrency
         self.client = openai.OpenAI(base_url=base_url, api_key=key or "EMPTY", timeout=timeout, max_retries=0)
         self.stats = OpenAIStats()
@@ -53,6 +53,13 @@ class OpenAIRef:
         self._retryable = (openai.RateLimitError, openai.InternalServerError, openai.APITimeoutError,
                            openai.APIConnectionError)
         self._status_error = openai.APIStatusError
+
+    @classmethod
+    def from_config(cls, name: str, mc, seed: int = 0) -> "OpenAIRef":
+        """The client of a ``models.<name>`` entry with ``backend: openai``."""
+        return cls(id=name, base_url=mc.base_url, model=mc.model_name, api_key_env=mc.api_key_env,
+                   timeout=mc.timeout, concurrency=mc.concurrency, max_retries=mc.max_retries, backoff=mc.backoff,
+                   json_schema=mc.json_schema, seed=seed, max_tokens=mc.max_tokens)
 
     def drop_sessions(self, keys) -> None:
         pass
@@ -66,7 +73,7 @@ class OpenAIRef:
     def _one(self, messages: list[dict[str, str]], sp: SamplingParams,
              response_format: dict[str, Any] | None) -> Completion:
         kw: dict[str, Any] = dict(model=self.model, messages=messages, temperature=sp.temperature,
-                                  max_tokens=sp.max_new_tokens)
+                                  max_tokens=self.max_tokens or sp.max_new_tokens)
         if sp.top_p < 1.0:
             kw["top_p"] = sp.top_p
         if sp.stop:

