@@ -38,7 +38,7 @@ def main() -> None:
         t = time.perf_counter()
         for task in data["tasks"].values():
             crit = task["evaluation_criteria"]
-            evaluate(domain, data, task, crit.get("actions") or [], [str(crit.get("communicate_info"))], True)
+            evaluate(domain, data, task, crit.get("actions") or [], [str(crit.get("communicate_info"))], "user")
         ev = (time.perf_counter() - t) / len(data["tasks"])
         print(f"{domain}: load {load_s:.2f}s; {calls} tool calls in {dt:.2f}s = {calls / dt:.0f} calls/s; "
               f"evaluator {ev * 1e3:.2f} ms per task ({len(data['tasks'])} tasks)")

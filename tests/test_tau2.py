@@ -92,16 +92,117 @@ def test_tool_errors_follow_tau2(root):
     db = OverlayDB(data["db"])
     with pytest.raises(ToolError, match="Order not found"):
         call_tool("retail", db, "get_order_details", {"order_id": "W000"})
-    with pytest.raises(ToolError, match="Unknown tool"):
+    with pytest.raises(ToolError, match="Tool 'delete_everything' not found"):
         call_tool("retail", db, "delete_everything", {})
     with pytest.raises(ToolError, match="missing arguments"):
         call_tool("retail", db, "cancel_pending_order", {"order_id": "#W2611340"})
     with pytest.raises(ToolError, match="Non-pending order cannot be cancelled"):
         call_tool("retail", db, "cancel_pending_order", {"order_id": "#W2611340", "reason": "no longer needed"})
+    with pytest.raises(ToolError, match="Tool 'get_item_details' not found"):  # tau2 has no such tool
+        call_tool("retail", db, "get_item_details", {"item_id": "1"})
     assert db.changes() == {}
     assert call_tool("retail", db, "calculate", {"expression": "2 * (3 + 4)"}) == "14.0"
-    with pytest.raises(ToolError):
+    with pytest.raises(ToolError, match="Invalid characters"):
         call_tool("retail", db, "calculate", {"expression": "__import__('os')"})
+    with pytest.raises(ToolError, match="division by zero"):
+        call_tool("retail", db, "calculate", {"expression": "1/0"})
+
+
+def test_calculate_is_bounded_in_time_and_size(root):
+    import time
+
+    db = OverlayDB(load_domain(root, "retail")["db"])
+    t0 = time.perf_counter()
+    for expr in ("9**9**9", "2**100000", "(((((((((((((((((((((((((1)))))))))))))))))))))))))" * 2, "9" * 5000 + "**9",
+                 "(" * 20000 + "1" + ")" * 20000, "1" * 20000):
+        with pytest.raises(ToolError):
+            call_tool("retail", db, "calculate", {"expression": expr})
+    assert time.perf_counter() - t0 < 1.0
+    assert call_tool("retail", db, "calculate", {"expression": "2**10 / 4"}) == "256.0"
+
+
+def assert_refused_and_unchanged(domain, db, name, args, match):
+    before = db.hash()
+    with pytest.raises(ToolError, match=match):
+        call_tool(domain, db, name, args)
+    assert db.hash() == before, (name, args)
+
+
+def test_write_tools_refuse_ill_typed_arguments_and_change_nothing(root):
+    """Wrong types, nulls, strings where numbers belong and negative amounts or counts are errors."""
+    a = OverlayDB(load_domain(root, "airline")["db"])
+    uid, rid = "mia_li_3668", "NO6JO3"
+    for amount, match in (("abc", "expected a number"), (None, "expected a number, got null"),
+                          (-50, "at least 0"), (True, "expected a number"), ("100", "expected a number")):
+        assert_refused_and_unchanged("airline", a, "send_certificate", {"user_id": uid, "amount": amount}, match)
+    res = a.get("reservations", rid)
+    base = {"reservation_id": rid, "payment_id": list(a.get("users", res["user_id"])["payment_methods"])[0]}
+    assert_refused_and_unchanged("airline", a, "update_reservation_baggages",
+                                 {**base, "total_baggages": -1, "nonfree_baggages": 0}, "at least 0")
+    assert_refused_and_unchanged("airline", a, "update_reservation_baggages",
+                                 {**base, "total_baggages": "2", "nonfree_baggages": 0}, "expected a number")
+    assert_refused_and_unchanged("airline", a, "update_reservation_passengers",
+                                 {"reservation_id": rid, "passengers": [{"first_name": "A", "last_name": "B",
+                                                                         "dob": None}]}, "dob: expected a string")
+    # a write that fails part-way (the same certificate twice) is rolled back
+    user = a.get("users", uid)
+    cert = next(k for k, v in user["payment_methods"].items() if v["source"] == "certificate")
+    gift = [k for k, v in user["payment_methods"].items() if v["source"] == "gift_card"]
+    flights = [{"flight_number": "HAT136", "date": "2024-05-20"}]
+    payments = [{"payment_id": p, "amount": 1} for p in gift] + [{"payment_id": cert, "amount": 1}] * 2
+    with pytest.raises(ToolError):
+        call_tool("airline", a, "book_reservation", {
+            "user_id": uid, "origin": "SFO", "destination": "JFK", "flight_type": "one_way", "cabin": "economy",
+            "flights": flights, "passengers": [{"first_name": "Mia", "last_name": "Li", "dob": "1990-04-05"}],
+            "payment_methods": payments, "total_baggages": 0, "nonfree_baggages": 0, "insurance": "no"})
+    assert a.changes() == {}
+    # what is accepted is made canonical as tau2's typed tools make it
+    call_tool("airline", a, "send_certificate", {"user_id": uid, "amount": 100})
+    new = [v for v in a.get("users", uid)["payment_methods"].values() if v["id"].startswith("certificate_32213")]
+    assert new and isinstance(new[0]["amount"], float) and new[0]["amount"] == 100.0
+
+    r = OverlayDB(load_domain(root, "retail")["db"])
+    order = next(k for k, v in r.base["orders"].items() if v["status"] == "pending")
+    addr = {"address1": "1 Main St", "address2": "", "city": "Austin", "state": "TX", "country": "USA"}
+    assert_refused_and_unchanged("retail", r, "modify_pending_order_address",
+                                 {"order_id": order, **addr, "zip": 78701}, "zip: expected a string")
+    assert_refused_and_unchanged("retail", r, "modify_pending_order_address",
+                                 {"order_id": order, **addr, "address2": None, "zip": "78701"}, "address2")
+    assert_refused_and_unchanged("retail", r, "return_delivered_order_items",
+                                 {"order_id": order, "item_ids": "123", "payment_method_id": "x"}, "expected a list")
+
+
+def test_db_hash_tells_int_from_float(root):
+    db = OverlayDB(load_domain(root, "airline")["db"])
+    rid = "NO6JO3"
+    n = db.get("reservations", rid)["total_baggages"]
+    db.mut("reservations", rid)["total_baggages"] = float(n)
+    assert db.changes()  # 1 and 1.0 hash differently in tau2, so they differ here too
+
+
+def test_modify_pending_order_items_grades_with_upstreams_quirks(root):
+    """tau2 gives every modified item the last new item's price and options and does not round the price
+    difference; an agent listing the items in another order than the gold therefore fails upstream, and
+    here (upstream_quirks, the default); with the quirks fixed it would pass."""
+    data = load_domain(root, "retail")
+    checked = 0
+    for tid, task in data["tasks"].items():
+        gold = task["evaluation_criteria"]["actions"]
+        for i, act in enumerate(gold):
+            if act["name"] != "modify_pending_order_items" or len(set(act["arguments"]["new_item_ids"])) < 2:
+                continue
+            args = act["arguments"]
+            swapped = dict(args, item_ids=args["item_ids"][::-1], new_item_ids=args["new_item_ids"][::-1])
+            calls = gold[:i] + [dict(act, arguments=swapped)] + gold[i + 1:]
+            prices = {data["db"]["products"][p]["variants"][n]["price"]
+                      for n in args["new_item_ids"] for p in data["db"]["products"]
+                      if n in data["db"]["products"][p]["variants"]}
+            if len(prices) < 2:
+                continue
+            assert evaluate("retail", data, task, calls, [], "user")["db"] == 0.0, tid
+            assert evaluate("retail", data, task, calls, [], "user", upstream_quirks=False)["db"] == 1.0, tid
+            checked += 1
+    assert checked >= 3
 
 
 def test_parse_tool_call():
@@ -109,6 +210,9 @@ def test_parse_tool_call():
     assert parse_tool_call("just talking") == (None, None, None)
     name, args, err = parse_tool_call("<tool_call>{not json</tool_call>")
     assert name is None and err.startswith("malformed")
+    deep = '<tool_call>{"name": "x", "arguments": {"a": ' + "[" * 100000 + "]" * 100000 + "}}</tool_call>"
+    name, args, err = parse_tool_call(deep)
+    assert name is None and "malformed" in err
 
 
 
@@ -133,11 +237,11 @@ def test_env_routes_tool_calls_and_hides_them_from_the_user(root, smol_tokenizer
     assert e.status == "user_stop"
     ev = e.meta["evaluation"]
     assert ev["ended_by"] == "user" and "db" in ev
-    assert e.meta["tool_calls"] == 1 and e.meta["tool_errors"] == 1
+    assert e.meta["tool_calls"] == 2 and e.meta["tool_errors"] == 1  # one ran, one named no tool
     pv = "\n".join(m["content"] for m in env.views["partner"])
     assert "tool_call" not in pv and "tool_result" not in pv and "I found your profile" in pv
     av = "\n".join(m["content"] for m in env.views["agent"])
-    assert "<tool_result>" in av and "Unknown tool" in av
+    assert "<tool_result>" in av and "Tool 'no_such_tool' not found" in av
     # the agent's buffer is still the exact template of its view
     tok = smol_tokenizer
     assert e.traces["agent"].token_ids == tok(tok.apply_chat_template(env.views["agent"], tokenize=False),
@@ -222,3 +326,136 @@ def test_works_with_every_partner_supply(root, smol_tokenizer):
             assert [e.meta["partner"] for e in eps] == ["u1", "u2", "u1", "u2"]
         if name == "trainable":
             assert all(e.traces["partner"].n_generated > 0 for e in eps)
+
+
+def _extra_write(domain, data, task):
+    """A write that succeeds and that the gold actions do not make."""
+    if domain == "retail":
+        uid = next(iter(data["db"]["users"]))
+        return {"name": "modify_user_address", "arguments": {"user_id": uid, "address1": "1 Nowhere Rd",
+                                                               "address2": "", "city": "X", "state": "Y",
+                                                               "country": "USA", "zip": "00000"}}
+    uid = next(u for u, v in data["db"]["users"].items()
+               if not any(k.startswith("certificate_32213") for k in v["payment_methods"]))
+    return {"name": "send_certificate", "arguments": {"user_id": uid, "amount": 7}}
+
+
+ERRORING = [{"name": "get_order_details", "arguments": {"order_id": "#W0000000"}},
+            {"name": "cancel_reservation", "arguments": {"reservation_id": "ZZZZZZ"}},
+            {"name": "send_certificate", "arguments": {"user_id": "nobody", "amount": -5}},
+            {"name": "no_such_tool", "arguments": {}}]
+
+
+@pytest.mark.parametrize("domain", ["retail", "airline"])
+def test_every_task_gold_and_perturbations_grade_db_and_communicate_separately(root, domain):
+    """For every task: the gold replay passes DB and COMMUNICATE; a dropped write, a corrupted argument and an
+    extra write fail DB only; leaving out a required string fails COMMUNICATE only; calls that error change
+    nothing; a dialogue cut off before either side ended it gets 0; the agent ending it is graded."""
+    data = load_domain(root, domain)
+    counts = dict(dropped=0, corrupted=0, missing_info=0)
+    for tid, task in data["tasks"].items():
+        crit = task["evaluation_criteria"]
+        gold = crit.get("actions") or []
+        info = [str(x) for x in crit.get("communicate_info") or []]
+        said = ["Here is what I found: " + ", ".join(info)] if info else ["Done."]
+
+        def grade(calls, msgs=said, ended_by="user"):
+            return evaluate(domain, data, task, calls, msgs, ended_by)
+
+        ok = grade(gold)
+        assert (ok["db"], ok.get("communicate"), ok["reward"]) == (1.0, 1.0, 1.0), (tid, ok)
+        assert grade(gold, ended_by="agent")["reward"] == 1.0
+        assert grade(gold, ended_by=None)["reward"] == 0.0  # cut off: max steps, errors, truncation
+        assert grade(gold + ERRORING)["db"] == 1.0, tid
+        assert grade(ERRORING[:2] + gold)["db"] == 1.0, tid
+        extra = grade(gold + [_extra_write(domain, data, task)])
+        assert (extra["db"], extra["communicate"]) == (0.0, 1.0), tid
+        i = last_successful_write(domain, data, gold)
+        if i is not None:
+            dropped = grade(gold[:i] + gold[i + 1:])
+            assert (dropped["db"], dropped["communicate"]) == (0.0, 1.0), tid
+            broken = gold[:i] + [dict(gold[i], arguments=corrupt(gold[i]["arguments"]))] + gold[i + 1:]
+            assert grade(broken)["db"] == 0.0, tid
+            counts["dropped"] += 1
+            counts["corrupted"] += 1
+        if info:
+            missing = grade(gold, ["Here is what I found: " + ", ".join(info[1:])])
+            assert (missing["db"], missing["communicate"], missing["reward"]) == (1.0, 0.0, 0.0), tid
+            counts["missing_info"] += 1
+    n = len(data["tasks"])
+    assert counts["dropped"] > (0.6 if domain == "retail" else 0.4) * n, counts
+    assert counts["missing_info"] >= (30 if domain == "retail" else 5), counts
+    print(domain, n, "tasks", counts)
+
+
+def _scripted_episode(root, smol_tokenizer, agent_replies, user_replies, **options):
+    env_cls = get_env("tau2_retail")
+    task = env_cls.load_tasks("train", data_dir=root)[0]
+    agent = ScriptedRef(smol_tokenizer, agent_replies, "agent")
+    user = ScriptedRef(smol_tokenizer, user_replies, "user")
+    sp = {"agent": SamplingParams(max_new_tokens=50), "partner": SamplingParams(max_new_tokens=50)}
+    env = env_cls(task, random.Random(0), data_dir=root, **options)
+    eps, _ = run_rollouts([Job(env, Episode(task.id, "g", 0), {"agent": agent, "partner": user})], sp,
+                          max_context=32768)
+    return eps[0]
+
+
+def test_who_ended_the_dialogue_decides_whether_it_is_graded(root, smol_tokenizer):
+    # the agent ends it: graded (the gold of task 0 needs writes, so DB fails, but it is graded)
+    e = _scripted_episode(root, smol_tokenizer, ["All done, goodbye! ###STOP###"], ["Hi, I need help."])
+    assert e.status == "agent_stop" and e.meta["ended_by"] == "agent"
+    assert e.meta["evaluation"]["ended_by"] == "agent" and "db" in e.meta["evaluation"]
+    # with agent_stop off the token is just text, and the dialogue runs on to the step limit
+    e = _scripted_episode(root, smol_tokenizer, ["###STOP###"], ["Hmm."], agent_stop=False, max_steps=6)
+    assert e.status == "max_steps" and e.meta["ended_by"] is None and e.rewards["agent"] == 0.0
+    assert "db" not in e.meta["evaluation"]
+    # the user stops on the very step that reaches the limit (user 1, agent 2, user 3; the greeting is no
+    # step): tau2 records max_steps, and gives 0
+    e = _scripted_episode(root, smol_tokenizer, ["How can I help?"], ["Hello", "Bye ###STOP###"], max_steps=3)
+    assert e.status == "max_steps" and e.rewards["agent"] == 0.0
+    e = _scripted_episode(root, smol_tokenizer, ["How can I help?"], ["Hello", "Bye ###STOP###"], max_steps=4)
+    assert e.status == "user_stop" and e.meta["ended_by"] == "user"
+
+
+def test_a_tool_call_nested_too_deep_is_an_error_observation(root, smol_tokenizer):
+    deep = '<tool_call>{"name": "calculate", "arguments": {"expression": ' + "[" * 3000 + "]" * 3000 + \
+        '}}</tool_call>'
+    e = _scripted_episode(root, smol_tokenizer, [deep, "Sorry about that."], ["Hi", "Bye ###STOP###"])
+    assert not e.failed and e.status == "user_stop"
+    assert e.meta["tool_errors"] == 1 and e.meta["malformed_calls"] == 1
+
+
+def test_nl_assertions_are_judged_when_a_judge_is_set(root, smol_tokenizer):
+    """A later task revision with NL_ASSERTION in its basis: skipped without a judge, judged with one."""
+    from scope.partners.sources import Binding
+    from scope.envs.tau2.env import parse_judgement
+    from test_partners import ScriptedChat
+
+    env_cls = get_env("tau2_airline")
+    task = env_cls.load_tasks("test", data_dir=root)[0]
+    raw = json.loads(json.dumps(task.data["task"]))
+    raw["evaluation_criteria"].update(reward_basis=["NL_ASSERTION"], nl_assertions=["Agent refuses.", "Agent is kind."])
+    task = type(task)(task.id, task.split, {"task": raw})
+    sp = SamplingParams(max_new_tokens=20)
+
+    def run(judge_text):
+        agent = Binding("agent", ScriptedRef(smol_tokenizer, ["I cannot do that, sorry."], "agent"), sp)
+        user = Binding("user", ScriptedRef(smol_tokenizer, ["Bye ###STOP###"], "user"), sp)
+        env = env_cls(task, random.Random(0), data_dir=root)
+        judge = None if judge_text is None else Binding("judge", ScriptedChat([judge_text]), sp)
+        eps, _ = run_rollouts([Job(env, Episode(task.id, "g", 0), {"agent": agent, "partner": user})],
+                              max_context=32768, judge=judge)
+        return eps[0]
+
+    e = run(None)
+    assert e.rewards["agent"] == 1.0 and e.meta["evaluation"]["nl_assertion"].startswith("skipped")
+    yes = json.dumps({"results": [{"expectedOutcome": "Agent refuses.", "reasoning": "r", "metExpectation": True},
+                                  {"expectedOutcome": "Agent is kind.", "reasoning": "r", "metExpectation": True}]})
+    e = run("Sure. " + yes)
+    assert e.rewards["agent"] == 1.0 and e.meta["evaluation"]["nl_assertion_results"] == {
+        "Agent refuses.": True, "Agent is kind.": True}
+    e = run(yes.replace("true}]", "false}]"))
+    assert e.rewards["agent"] == 0.0
+    e = run("I think so.")  # no usable verdict: not passed, and said so
+    assert e.rewards["agent"] == 0.0 and "judge_error" in e.meta
+    assert parse_judgement(yes, 3) is None and parse_judgement(yes, 2) == [True, True]

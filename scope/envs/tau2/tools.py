@@ -6,7 +6,10 @@ Each tool is declared with a JSON schema (shown to the agent) and a kind: read, 
 """
 from __future__ import annotations
 
+import ast
+import copy
 import json
+import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -32,17 +35,49 @@ class Tool:
 
 
 S = {"type": "string"}
-I = {"type": "integer"}
 LS = {"type": "array", "items": {"type": "string"}}
 
 
+MAX_EXPRESSION = 10_000
+MAX_POWER_DIGITS = 400  # a power whose result would have more digits than this is refused
+
+
+def _safe_eval(node: ast.AST) -> float | int:
+    """Numbers, + - * / ** and parentheses, evaluated as Python would, but bounded: a power that would
+    take long to compute (``9**9**9``) is refused before it is computed."""
+    if isinstance(node, ast.Expression):
+        return _safe_eval(node.body)
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.UAdd, ast.USub)):
+        v = _safe_eval(node.operand)
+        return v if isinstance(node.op, ast.UAdd) else -v
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.Pow)):
+        x, y = _safe_eval(node.left), _safe_eval(node.right)
+        if isinstance(node.op, ast.Pow):
+            if isinstance(y, int) and abs(x) > 1 and y * math.log10(abs(x)) > MAX_POWER_DIGITS:
+                raise OverflowError("result too large")
+            return x ** y
+        if isinstance(node.op, ast.Mult) and isinstance(x, int) and isinstance(y, int) and \
+                x.bit_length() + y.bit_length() > 4 * MAX_POWER_DIGITS:
+            raise OverflowError("result too large")
+        return {ast.Add: lambda: x + y, ast.Sub: lambda: x - y, ast.Mult: lambda: x * y,
+                ast.Div: lambda: x / y}[type(node.op)]()
+    raise SyntaxError("invalid syntax")
+
+
 def _calculate(db, expression: str) -> str:
-    if not isinstance(expression, str) or not all(c in "0123456789+-*/(). " for c in expression):
+    """tau2's calculator (digits, + - * / . parentheses and spaces; ``**`` is two of its characters), its
+    result rounded to 2 places; refused in bounded time where the expression is too long or too large."""
+    if not all(c in "0123456789+-*/(). " for c in expression):
         raise ToolError("Invalid characters in expression")
+    if len(expression) > MAX_EXPRESSION:
+        raise ToolError(f"expression longer than {MAX_EXPRESSION} characters")
     try:
-        return str(round(float(eval(expression, {"__builtins__": None}, {})), 2))  # noqa: S307 - digits/operators only
-    except Exception as e:  # noqa: BLE001
-        raise ToolError(f"Invalid expression: {type(e).__name__}") from None
+        value = _safe_eval(ast.parse(expression.strip(), mode="eval"))
+        return str(round(float(value), 2))
+    except (SyntaxError, ArithmeticError, ValueError, RecursionError, MemoryError) as e:
+        raise ToolError(str(e) or type(e).__name__) from None
 
 
 def _transfer(db, summary: str) -> str:
@@ -54,14 +89,23 @@ def _r2(x: float) -> float:
 
 
 # ---- retail ---------------------------------------------------------------------------------------
+ORDER_OPTIONAL = ("cancel_reason", "exchange_items", "exchange_new_items", "exchange_payment_method_id",
+                  "exchange_price_difference", "return_items", "return_payment_method_id")
+
+
+def _order_view(order: dict) -> dict:
+    """An order as tau2 returns it: its optional fields present, null when unset."""
+    return {**{k: None for k in ORDER_OPTIONAL}, **order}
+
+
 def _order(db: OverlayDB, order_id: str, write: bool = False) -> dict:
-    if not isinstance(order_id, str) or not db.has("orders", order_id):
+    if not db.has("orders", order_id):
         raise ToolError("Order not found")
     return db.mut("orders", order_id) if write else db.get("orders", order_id)
 
 
 def _user(db: OverlayDB, user_id: str, write: bool = False) -> dict:
-    if not isinstance(user_id, str) or not db.has("users", user_id):
+    if not db.has("users", user_id):
         raise ToolError("User not found")
     return db.mut("users", user_id) if write else db.get("users", user_id)
 
@@ -89,10 +133,12 @@ def _check_items(order: dict, item_ids: list[str], msg: Callable[[str], str]) ->
             raise ToolError(msg(i))
 
 
-def _price_diff(db: OverlayDB, order: dict, item_ids, new_item_ids, forbid_same: bool) -> tuple[float, list]:
+def _price_diff(db: OverlayDB, order: dict, item_ids, new_item_ids, forbid_same: bool,
+                count_msg: str) -> tuple[float, list]:
+    """The summed price difference (unrounded) and the new variants, checked as tau2 checks them."""
     if len(item_ids) != len(new_item_ids):
-        raise ToolError("The number of items to be exchanged should match")
-    diff, variants = 0.0, []
+        raise ToolError(count_msg)
+    diff, variants = 0, []
     for old, new in zip(item_ids, new_item_ids):
         if forbid_same and old == new:
             raise ToolError("The new item id should be different from the old item id")
@@ -104,13 +150,7 @@ def _price_diff(db: OverlayDB, order: dict, item_ids, new_item_ids, forbid_same:
             raise ToolError(f"New item {new} not found or available")
         diff += v["price"] - item["price"]
         variants.append(v)
-    return _r2(diff), variants
-
-
-def _as_str_list(x: Any, name: str) -> list[str]:
-    if not isinstance(x, list) or not all(isinstance(i, str) for i in x):
-        raise ToolError(f"{name} must be a list of strings")
-    return x
+    return diff, variants
 
 
 def r_cancel_pending_order(db, order_id: str, reason: str):
@@ -134,35 +174,37 @@ def r_cancel_pending_order(db, order_id: str, reason: str):
 
 
 def _validate_swap(db, order_id, item_ids, new_item_ids, payment_method_id, status: str, status_msg: str,
-                   count_msg, forbid_same: bool, balance_msg: str):
+                   count_msg, forbid_same: bool, balance_msg: str, length_msg: str, round_diff: bool):
     """The checks shared by exchanging delivered items and modifying pending ones."""
-    item_ids, new_item_ids = _as_str_list(item_ids, "item_ids"), _as_str_list(new_item_ids, "new_item_ids")
     order = _order(db, order_id)
     if order["status"] != status:
         raise ToolError(status_msg)
     _check_items(order, item_ids, count_msg)
-    diff, variants = _price_diff(db, order, item_ids, new_item_ids, forbid_same=forbid_same)
+    diff, variants = _price_diff(db, order, item_ids, new_item_ids, forbid_same, length_msg)
+    if round_diff:
+        diff = _r2(diff)
     pm = _retail_payment(db, order["user_id"], payment_method_id)
     if pm["source"] == "gift_card" and pm["balance"] < diff:
         raise ToolError(balance_msg)
-    return item_ids, new_item_ids, diff, variants, pm
+    return diff, variants, pm
 
 
 def r_exchange_delivered_order_items(db, order_id: str, item_ids: list, new_item_ids: list, payment_method_id: str):
-    item_ids, new_item_ids, diff, _, _ = _validate_swap(
+    diff, _, _ = _validate_swap(
         db, order_id, item_ids, new_item_ids, payment_method_id, "delivered", "Non-delivered order cannot be exchanged",
-        lambda i: f"Number of {i} not found.", False, "Insufficient gift card balance to pay for the price difference")
+        lambda i: f"Number of {i} not found.", False, "Insufficient gift card balance to pay for the price difference",
+        "The number of items to be exchanged should match.", round_diff=True)
     order = _order(db, order_id, write=True)
     order["status"] = "exchange requested"
     order["exchange_items"] = sorted(item_ids)
     order["exchange_new_items"] = sorted(new_item_ids)
     order["exchange_payment_method_id"] = payment_method_id
     order["exchange_price_difference"] = diff
-    return order
+    return _order_view(order)
 
 
 def r_find_user_id_by_name_zip(db, first_name: str, last_name: str, zip: str):
-    f, l_ = str(first_name).strip().lower(), str(last_name).strip().lower()
+    f, l_ = first_name.lower(), last_name.lower()
     for uid, u in db.items("users"):
         if u["name"]["first_name"].lower() == f and u["name"]["last_name"].lower() == l_ \
                 and u["address"]["zip"] == zip:
@@ -171,7 +213,7 @@ def r_find_user_id_by_name_zip(db, first_name: str, last_name: str, zip: str):
 
 
 def r_find_user_id_by_email(db, email: str):
-    e = str(email).strip().lower()
+    e = email.lower()
     for uid, u in db.items("users"):
         if u["email"].lower() == e:
             return uid
@@ -179,20 +221,13 @@ def r_find_user_id_by_email(db, email: str):
 
 
 def r_get_order_details(db, order_id: str):
-    return _order(db, order_id)
+    return _order_view(_order(db, order_id))
 
 
 def r_get_product_details(db, product_id: str):
-    if not isinstance(product_id, str) or not db.has("products", product_id):
+    if not db.has("products", product_id):
         raise ToolError("Product not found")
     return db.get("products", product_id)
-
-
-def r_get_item_details(db, item_id: str):
-    for _, p in db.items("products"):
-        if item_id in p["variants"]:
-            return p["variants"][item_id]
-    raise ToolError("Item not found")
 
 
 def r_get_user_details(db, user_id: str):
@@ -213,13 +248,18 @@ def r_modify_pending_order_address(db, order_id: str, address1: str, address2: s
         raise ToolError("Non-pending order cannot be modified")
     order = _order(db, order_id, write=True)
     order["address"] = _address(address1, address2, city, state, country, zip)
-    return order
+    return _order_view(order)
 
 
 def r_modify_pending_order_items(db, order_id: str, item_ids: list, new_item_ids: list, payment_method_id: str):
-    item_ids, new_item_ids, diff, variants, pm = _validate_swap(
+    """As tau2 does it, quirks included unless the database says otherwise (``db.upstream_quirks``): the
+    price difference is not rounded, and every modified item takes the price and options of the last
+    new item (tau2 reuses the last variant of its check loop)."""
+    quirks = db.upstream_quirks
+    diff, variants, pm = _validate_swap(
         db, order_id, item_ids, new_item_ids, payment_method_id, "pending", "Non-pending order cannot be modified",
-        lambda i: f"{i} not found", True, "Insufficient gift card balance to pay for the new item")
+        lambda i: f"{i} not found", True, "Insufficient gift card balance to pay for the new item",
+        "The number of items to be exchanged should match", round_diff=not quirks)
     order = _order(db, order_id, write=True)
     order["payment_history"].append({"transaction_type": "payment" if diff > 0 else "refund", "amount": abs(diff),
                                      "payment_method_id": payment_method_id})
@@ -228,9 +268,10 @@ def r_modify_pending_order_items(db, order_id: str, item_ids: list, new_item_ids
         pm["balance"] = _r2(pm["balance"] - diff)
     for old, new, v in zip(item_ids, new_item_ids, variants):
         item = next(it for it in order["items"] if it["item_id"] == old)
-        item["item_id"], item["price"], item["options"] = new, v["price"], dict(v["options"])
+        src = variants[-1] if quirks else v
+        item["item_id"], item["price"], item["options"] = new, src["price"], dict(src["options"])
     order["status"] = "pending (item modified)"
-    return order
+    return _order_view(order)
 
 
 def r_modify_pending_order_payment(db, order_id: str, payment_method_id: str):
@@ -258,7 +299,7 @@ def r_modify_pending_order_payment(db, order_id: str, payment_method_id: str):
     if old["source"] == "gift_card":
         old = _retail_payment(db, order["user_id"], old_id, write=True)
         old["balance"] = _r2(old["balance"] + amount)
-    return order
+    return _order_view(order)
 
 
 def r_modify_user_address(db, user_id: str, address1: str, address2: str, city: str, state: str, country: str,
@@ -269,7 +310,6 @@ def r_modify_user_address(db, user_id: str, address1: str, address2: str, city: 
 
 
 def r_return_delivered_order_items(db, order_id: str, item_ids: list, payment_method_id: str):
-    item_ids = _as_str_list(item_ids, "item_ids")
     order = _order(db, order_id)
     if order["status"] != "delivered":
         raise ToolError("Non-delivered order cannot be returned")
@@ -281,56 +321,69 @@ def r_return_delivered_order_items(db, order_id: str, item_ids: list, payment_me
     order["status"] = "return requested"
     order["return_items"] = sorted(item_ids)
     order["return_payment_method_id"] = payment_method_id
-    return order
+    return _order_view(order)
 
 
 ORDER_ID = {"type": "string", "description": "The order id, such as '#W0000000' (note the leading '#')."}
 ADDR = {"address1": S, "address2": S, "city": S, "state": S, "country": S, "zip": S}
 ADDR_REQ = ["address1", "address2", "city", "state", "country", "zip"]
 
+PM_ID = {"type": "string", "description": "A payment method id of the user, such as 'gift_card_0000000' or "
+                                         "'credit_card_0000000' (see the user's or the order's details)."}
+ITEMS = {"type": "array", "items": S, "description": "Item ids, such as '1008292230'; an item ordered twice is "
+                                                     "listed twice."}
+NEW_ITEMS = {"type": "array", "items": S, "description": "The new item ids, in the same order: each one of the same "
+                                                         "product as the item id in the same position."}
+
 RETAIL_TOOLS = [
-    Tool("calculate", "generic", "Calculate a mathematical expression (numbers, + - * / and parentheses).",
-         {"expression": S}, ["expression"], _calculate),
+    Tool("calculate", "generic", "Calculate a mathematical expression (numbers, + - * / and parentheses), rounded "
+         "to 2 decimal places.", {"expression": S}, ["expression"], _calculate),
     Tool("cancel_pending_order", "write", "Cancel a pending order; reason is 'no longer needed' or 'ordered by "
-         "mistake'. Payments are refunded (gift cards at once). Ask the user for explicit confirmation first.",
+         "mistake'. Payments are refunded: to a gift card at once, to other methods in 5-7 business days. Explain "
+         "the cancellation and get the user's explicit confirmation (yes) first.",
          {"order_id": ORDER_ID, "reason": S}, ["order_id", "reason"], r_cancel_pending_order),
-    Tool("exchange_delivered_order_items", "write", "Exchange items of a delivered order for new items of the same "
-         "product. Can be done once per order. Ask the user for explicit confirmation first.",
-         {"order_id": ORDER_ID, "item_ids": LS, "new_item_ids": LS, "payment_method_id": S},
+    Tool("exchange_delivered_order_items", "write", "Exchange items of a delivered order for other items of the same "
+         "product. A delivered order can be returned or exchanged only once, so put every item in one call. The "
+         "payment method pays or receives the price difference. Explain the exchange and get the user's explicit "
+         "confirmation (yes) first.",
+         {"order_id": ORDER_ID, "item_ids": ITEMS, "new_item_ids": NEW_ITEMS, "payment_method_id": PM_ID},
          ["order_id", "item_ids", "new_item_ids", "payment_method_id"], r_exchange_delivered_order_items),
-    Tool("find_user_id_by_name_zip", "read", "Find a user id by first name, last name and zip code.",
+    Tool("find_user_id_by_name_zip", "read", "Find a user id by first name, last name and zip code. Look users up "
+         "by email first; use this only when the user is not found by email or does not remember it.",
          {"first_name": S, "last_name": S, "zip": S}, ["first_name", "last_name", "zip"], r_find_user_id_by_name_zip),
     Tool("find_user_id_by_email", "read", "Find a user id by email.", {"email": S}, ["email"],
          r_find_user_id_by_email),
     Tool("get_order_details", "read", "Get the status and details of an order.", {"order_id": ORDER_ID},
          ["order_id"], r_get_order_details),
-    Tool("get_product_details", "read", "Get the inventory details of a product (product id, not item id).",
-         {"product_id": S}, ["product_id"], r_get_product_details),
-    Tool("get_item_details", "read", "Get the inventory details of an item (item id).", {"item_id": S}, ["item_id"],
-         r_get_item_details),
+    Tool("get_product_details", "read", "Get the inventory details of a product and its variants (a product id, "
+         "not an item id).", {"product_id": S}, ["product_id"], r_get_product_details),
     Tool("get_user_details", "read", "Get the details of a user, including their orders.", {"user_id": S},
          ["user_id"], r_get_user_details),
     Tool("list_all_product_types", "read", "List the name and product id of all 50 product types.", {}, [],
          r_list_all_product_types),
-    Tool("modify_pending_order_address", "write", "Modify the shipping address of a pending order. Ask the user "
-         "for explicit confirmation first.", {"order_id": ORDER_ID, **ADDR}, ["order_id"] + ADDR_REQ,
-         r_modify_pending_order_address),
+    Tool("modify_pending_order_address", "write", "Modify the shipping address of a pending order. Explain the "
+         "change and get the user's explicit confirmation (yes) first.", {"order_id": ORDER_ID, **ADDR},
+         ["order_id"] + ADDR_REQ, r_modify_pending_order_address),
     Tool("modify_pending_order_items", "write", "Modify items of a pending order to other items of the same "
-         "product. Can be done once per order. Ask the user for explicit confirmation first.",
-         {"order_id": ORDER_ID, "item_ids": LS, "new_item_ids": LS, "payment_method_id": S},
+         "product. This can be done only once per order, so put every item in one call. The payment method pays "
+         "or receives the price difference. Explain the change and get the user's explicit confirmation (yes) first.",
+         {"order_id": ORDER_ID, "item_ids": ITEMS, "new_item_ids": NEW_ITEMS, "payment_method_id": PM_ID},
          ["order_id", "item_ids", "new_item_ids", "payment_method_id"], r_modify_pending_order_items),
-    Tool("modify_pending_order_payment", "write", "Modify the payment method of a pending order. Ask the user for "
-         "explicit confirmation first.", {"order_id": ORDER_ID, "payment_method_id": S},
+    Tool("modify_pending_order_payment", "write", "Modify the payment method of a pending order. Explain the "
+         "change and get the user's explicit confirmation (yes) first.", {"order_id": ORDER_ID,
+                                                                           "payment_method_id": PM_ID},
          ["order_id", "payment_method_id"], r_modify_pending_order_payment),
-    Tool("modify_user_address", "write", "Modify the default address of a user. Ask the user for explicit "
-         "confirmation first.", {"user_id": S, **ADDR}, ["user_id"] + ADDR_REQ, r_modify_user_address),
-    Tool("return_delivered_order_items", "write", "Return items of a delivered order; the refund goes to the "
-         "original payment method or a gift card. Ask the user for explicit confirmation first.",
-         {"order_id": ORDER_ID, "item_ids": LS, "payment_method_id": S}, ["order_id", "item_ids", "payment_method_id"],
-         r_return_delivered_order_items),
-    Tool("transfer_to_human_agents", "generic", "Transfer the user to a human agent with a summary. Only if the "
-         "user asks for one or the issue cannot be solved with the tools and policy.", {"summary": S}, ["summary"],
-         _transfer),
+    Tool("modify_user_address", "write", "Modify the default address of a user. Explain the change and get the "
+         "user's explicit confirmation (yes) first.", {"user_id": S, **ADDR}, ["user_id"] + ADDR_REQ,
+         r_modify_user_address),
+    Tool("return_delivered_order_items", "write", "Return items of a delivered order. The refund goes to the "
+         "original payment method or to an existing gift card. A delivered order can be returned or exchanged "
+         "only once, so put every item in one call. Explain the return and get the user's explicit confirmation "
+         "(yes) first.", {"order_id": ORDER_ID, "item_ids": ITEMS, "payment_method_id": PM_ID},
+         ["order_id", "item_ids", "payment_method_id"], r_return_delivered_order_items),
+    Tool("transfer_to_human_agents", "generic", "Transfer the user to a human agent with a summary of their issue. "
+         "Only if the user explicitly asks for a human agent, or the issue cannot be solved with the tools and the "
+         "policy.", {"summary": S}, ["summary"], _transfer),
 ]
 
 
@@ -343,16 +396,16 @@ AIRPORTS = [("SFO", "San Francisco"), ("JFK", "New York"), ("LAX", "Los Angeles"
             ("PHL", "Philadelphia"), ("LGA", "LaGuardia")]
 
 
-def _key(db: OverlayDB, table: str, key: Any, what: str) -> str:
-    """Resolve a key exactly, or ignoring surrounding space and case."""
-    if isinstance(key, str):
-        if db.has(table, key):
-            return key
-        k = key.strip().lower()
-        for cand in db.keys(table):
-            if cand.lower() == k:
-                return cand
+def _key(db: OverlayDB, table: str, key: str, what: str) -> str:
+    """The key itself, if the table has it (matched exactly, as tau2 does)."""
+    if db.has(table, key):
+        return key
     raise ToolError(f"{what} {key} not found")
+
+
+def _res_view(res: dict) -> dict:
+    """A reservation as tau2 returns it: ``status`` present, null when unset."""
+    return {"status": None, **res}
 
 
 def _a_user(db, user_id, write=False):
@@ -373,16 +426,6 @@ def _flight_date(db, flight_number, date, write=False):
     return k, f, f["dates"][date]
 
 
-def _dicts(x: Any, name: str, fields: list[str]) -> list[dict]:
-    if not isinstance(x, list) or not all(isinstance(i, dict) for i in x):
-        raise ToolError(f"{name} must be a list of objects")
-    for i in x:
-        missing = [f for f in fields if f not in i]
-        if missing:
-            raise ToolError(f"{name}: missing fields {missing}")
-    return x
-
-
 def _search(db, date, origin=None, destination=None, leave_after=None) -> list[dict]:
     out = []
     for _, f in db.items("flights"):
@@ -395,7 +438,7 @@ def _search(db, date, origin=None, destination=None, leave_after=None) -> list[d
             continue
         out.append({"flight_number": f["flight_number"], "origin": f["origin"], "destination": f["destination"],
                     "status": "available", "scheduled_departure_time_est": f["scheduled_departure_time_est"],
-                    "scheduled_arrival_time_est": f["scheduled_arrival_time_est"],
+                    "scheduled_arrival_time_est": f["scheduled_arrival_time_est"], "date": None,
                     "available_seats": d["available_seats"], "prices": d["prices"]})
     return out
 
@@ -418,13 +461,6 @@ CABINS = ("basic_economy", "economy", "business")
 
 def a_book_reservation(db, user_id, origin, destination, flight_type, cabin, flights, passengers, payment_methods,
                        total_baggages, nonfree_baggages, insurance):
-    flights = _dicts(flights, "flights", ["flight_number", "date"])
-    passengers = _dicts(passengers, "passengers", ["first_name", "last_name", "dob"])
-    payment_methods = _dicts(payment_methods, "payment_methods", ["payment_id", "amount"])
-    if cabin not in CABINS:
-        raise ToolError(f"Invalid cabin {cabin!r}")
-    if flight_type not in ("one_way", "round_trip") or insurance not in ("yes", "no"):
-        raise ToolError("flight_type must be one_way or round_trip and insurance yes or no")
     uid, user = _a_user(db, user_id)
     rid = next((r for r in ("HATHAT", "HATHAU", "HATHAV") if not db.has("reservations", r)), None)
     if rid is None:
@@ -459,6 +495,8 @@ def a_book_reservation(db, user_id, origin, destination, flight_type, cabin, fli
         if pm["source"] == "gift_card":
             pm["amount"] -= p["amount"]
         elif pm["source"] == "certificate":
+            if p["payment_id"] not in user["payment_methods"]:
+                raise ToolError(f"Certificate {p['payment_id']} was used twice")
             user["payment_methods"].pop(p["payment_id"])
     for fk, date in legs:
         _, _, d = _flight_date(db, fk, date, write=True)
@@ -470,7 +508,7 @@ def a_book_reservation(db, user_id, origin, destination, flight_type, cabin, fli
            "total_baggages": total_baggages, "nonfree_baggages": nonfree_baggages, "insurance": insurance}
     db.put("reservations", rid, res)
     user["reservations"].append(rid)
-    return res
+    return _res_view(res)
 
 
 def a_cancel_reservation(db, reservation_id):
@@ -478,11 +516,11 @@ def a_cancel_reservation(db, reservation_id):
     res["payment_history"].extend([{"payment_id": p["payment_id"], "amount": -p["amount"]}
                                    for p in list(res["payment_history"])])
     res["status"] = "cancelled"
-    return res
+    return _res_view(res)
 
 
 def a_get_reservation_details(db, reservation_id):
-    return _a_res(db, reservation_id)[1]
+    return _res_view(_a_res(db, reservation_id)[1])
 
 
 def a_get_user_details(db, user_id):
@@ -511,7 +549,7 @@ def a_send_certificate(db, user_id, amount):
     uid, user = _a_user(db, user_id, write=True)
     for pid in ("certificate_3221322", "certificate_3221323", "certificate_3221324"):
         if pid not in user["payment_methods"]:
-            user["payment_methods"][pid] = {"id": pid, "amount": amount, "source": "certificate"}
+            user["payment_methods"][pid] = {"id": pid, "amount": float(amount), "source": "certificate"}
             return f"Certificate {pid} added to user {user_id} with amount {amount}."
     raise ToolError("Too many certificates")
 
@@ -532,13 +570,10 @@ def a_update_reservation_baggages(db, reservation_id, total_baggages, nonfree_ba
     rk, res = _a_res(db, reservation_id)
     res = _charge_update(db, rk, payment_id, 50 * max(0, nonfree_baggages - res["nonfree_baggages"]))
     res["total_baggages"], res["nonfree_baggages"] = total_baggages, nonfree_baggages
-    return res
+    return _res_view(res)
 
 
 def a_update_reservation_flights(db, reservation_id, cabin, flights, payment_id):
-    flights = _dicts(flights, "flights", ["flight_number", "date"])
-    if cabin not in CABINS:
-        raise ToolError(f"Invalid cabin {cabin!r}")
     rk, res = _a_res(db, reservation_id)
     n = len(res["passengers"])
     total, new_flights = 0, []
@@ -561,17 +596,16 @@ def a_update_reservation_flights(db, reservation_id, cabin, flights, payment_id)
     total -= sum(rf["price"] for rf in res["flights"]) * n
     res = _charge_update(db, rk, payment_id, total)
     res["flights"], res["cabin"] = new_flights, cabin
-    return res
+    return _res_view(res)
 
 
 def a_update_reservation_passengers(db, reservation_id, passengers):
-    passengers = _dicts(passengers, "passengers", ["first_name", "last_name", "dob"])
     rk, res = _a_res(db, reservation_id)
     if len(passengers) != len(res["passengers"]):
         raise ToolError("Number of passengers does not match")
     _, res = _a_res(db, rk, write=True)
     res["passengers"] = [dict(p) for p in passengers]
-    return res
+    return _res_view(res)
 
 
 def a_get_flight_status(db, flight_number, date):
@@ -582,7 +616,8 @@ FLIGHTS = {"type": "array", "items": {"type": "object", "properties": {"flight_n
                                       "required": ["flight_number", "date"]}}
 PASSENGERS = {"type": "array", "items": {"type": "object", "properties": {"first_name": S, "last_name": S, "dob": S},
                                          "required": ["first_name", "last_name", "dob"]}}
-PAYMENTS = {"type": "array", "items": {"type": "object", "properties": {"payment_id": S, "amount": I},
+COUNT = {"type": "integer", "minimum": 0}
+PAYMENTS = {"type": "array", "items": {"type": "object", "properties": {"payment_id": S, "amount": COUNT},
                                        "required": ["payment_id", "amount"]}}
 CABIN = {"type": "string", "enum": list(CABINS)}
 
@@ -590,7 +625,7 @@ AIRLINE_TOOLS = [
     Tool("book_reservation", "write", "Book a reservation. Ask the user for explicit confirmation first.",
          {"user_id": S, "origin": S, "destination": S, "flight_type": {"type": "string", "enum": ["one_way", "round_trip"]},
           "cabin": CABIN, "flights": FLIGHTS, "passengers": PASSENGERS, "payment_methods": PAYMENTS,
-          "total_baggages": I, "nonfree_baggages": I, "insurance": {"type": "string", "enum": ["yes", "no"]}},
+          "total_baggages": COUNT, "nonfree_baggages": COUNT, "insurance": {"type": "string", "enum": ["yes", "no"]}},
          ["user_id", "origin", "destination", "flight_type", "cabin", "flights", "passengers", "payment_methods",
           "total_baggages", "nonfree_baggages", "insurance"], a_book_reservation),
     Tool("calculate", "generic", "Calculate a mathematical expression (numbers, + - * / and parentheses).",
@@ -607,12 +642,12 @@ AIRLINE_TOOLS = [
     Tool("search_onestop_flight", "read", "Search one-stop flights between two airports on a date (YYYY-MM-DD).",
          {"origin": S, "destination": S, "date": S}, ["origin", "destination", "date"], a_search_onestop_flight),
     Tool("send_certificate", "write", "Send a certificate of the given amount to a user. Be careful!",
-         {"user_id": S, "amount": I}, ["user_id", "amount"], a_send_certificate),
+         {"user_id": S, "amount": {"type": "number", "minimum": 0}}, ["user_id", "amount"], a_send_certificate),
     Tool("transfer_to_human_agents", "generic", "Transfer the user to a human agent with a summary. Only if the "
          "user asks for one or the issue cannot be solved with the tools and policy.", {"summary": S}, ["summary"],
          _transfer),
     Tool("update_reservation_baggages", "write", "Update the baggage numbers of a reservation. Ask the user for "
-         "explicit confirmation first.", {"reservation_id": S, "total_baggages": I, "nonfree_baggages": I,
+         "explicit confirmation first.", {"reservation_id": S, "total_baggages": COUNT, "nonfree_baggages": COUNT,
                                           "payment_id": S},
          ["reservation_id", "total_baggages", "nonfree_baggages", "payment_id"], a_update_reservation_baggages),
     Tool("update_reservation_flights", "write", "Update the flights of a reservation: give every flight of the "
@@ -629,11 +664,55 @@ AIRLINE_TOOLS = [
 DOMAINS = {"retail": {t.name: t for t in RETAIL_TOOLS}, "airline": {t.name: t for t in AIRLINE_TOOLS}}
 
 
+def _typename(v: Any) -> str:
+    return "null" if v is None else type(v).__name__
+
+
+def check_value(v: Any, schema: dict[str, Any], where: str) -> Any:
+    """``v`` checked against a tool's JSON schema and made canonical, as tau2's typed tools make it
+    (an integral float is an int, a certificate amount a float, unknown keys of an object dropped).
+    Stricter than pydantic's lax mode where a wrong value would otherwise be written: null, a bool or a
+    numeric string where a number belongs, and a negative amount or count, are errors."""
+    t = schema.get("type")
+    if t == "string":
+        if not isinstance(v, str):
+            raise ToolError(f"{where}: expected a string, got {_typename(v)}")
+    elif t in ("integer", "number"):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not math.isfinite(v)):
+            raise ToolError(f"{where}: expected a number, got {_typename(v)} {v!r}"[:200])
+        if t == "integer":
+            if isinstance(v, float) and not v.is_integer():
+                raise ToolError(f"{where}: expected a whole number, got {v!r}")
+            v = int(v)
+        else:
+            v = float(v)
+        if "minimum" in schema and v < schema["minimum"]:
+            raise ToolError(f"{where}: must be at least {schema['minimum']}, got {v!r}")
+    elif t == "array":
+        if not isinstance(v, list):
+            raise ToolError(f"{where}: expected a list, got {_typename(v)}")
+        v = [check_value(x, schema.get("items", {}), f"{where}[{i}]") for i, x in enumerate(v)]
+    elif t == "object":
+        if not isinstance(v, dict):
+            raise ToolError(f"{where}: expected an object, got {_typename(v)}")
+        props = schema.get("properties", {})
+        missing = [k for k in schema.get("required", []) if k not in v]
+        if missing:
+            raise ToolError(f"{where}: missing fields {missing}")
+        v = {k: check_value(x, props[k], f"{where}.{k}") for k, x in v.items() if k in props}
+    if "enum" in schema and v not in schema["enum"]:
+        raise ToolError(f"{where}: must be one of {schema['enum']}, got {v!r}"[:200])
+    return v
+
+
 def call_tool(domain: str, db: OverlayDB, name: str, arguments: Any) -> Any:
-    """Run one tool call; raise ToolError with a message for anything the tool refuses."""
+    """Run one tool call; raise ToolError with a message for anything the tool refuses.
+
+    The arguments are checked against the tool's schema first; a write that fails part-way is rolled
+    back, so a refused call never changes the database."""
     tools = DOMAINS[domain]
     if name not in tools:
-        raise ToolError(f"Unknown tool {name!r}; available: {', '.join(sorted(tools))}")
+        raise ToolError(f"Tool '{name}' not found.")
     t = tools[name]
     if not isinstance(arguments, dict):
         raise ToolError("arguments must be a JSON object")
@@ -641,9 +720,11 @@ def call_tool(domain: str, db: OverlayDB, name: str, arguments: Any) -> Any:
     extra = [p for p in arguments if p not in t.params]
     if missing or extra:
         raise ToolError(f"{name}: missing arguments {missing}" if missing else f"{name}: unknown arguments {extra}")
+    args = {k: check_value(v, t.params[k], f"{name}: {k}") for k, v in arguments.items()}
+    saved = copy.deepcopy(db.over) if t.kind == "write" else None
     try:
-        return t.fn(db, **arguments)
-    except ToolError:
-        raise
-    except (KeyError, TypeError, AttributeError, IndexError) as e:
-        raise ToolError(f"{name}: invalid arguments ({type(e).__name__}: {e})") from None
+        return t.fn(db, **args)
+    except Exception as e:  # noqa: BLE001 - every refusal becomes the agent's error message, as in tau2
+        if saved is not None:
+            db.over = saved
+        raise ToolError(str(e) if isinstance(e, ToolError) else f"{type(e).__name__}: {e}") from None
