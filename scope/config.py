@@ -93,6 +93,11 @@ class RoleConfig(PartnerSpec):
     trainable: bool = False
     reward: str = "env"
     """partner: env (the environment's reward), cooperative, adversarial, curriculum, or a registered name."""
+    baseline: Literal["auto", "group", "step"] = "auto"
+    """Advantage baseline: z-score within each task's group, or over the whole step (for a reward that is
+    constant within a group); auto: the reward's own (curriculum: step, the others: group)."""
+    lr: float | None = Field(None, gt=0)
+    """This role's learning rate (default train.lr): e.g. a simulator that learns slower than the agent."""
     self_play: bool = False
     """partner: played by the agent's own adapter; one update uses both roles' tokens, each with its own
     mask and advantages."""
@@ -159,6 +164,9 @@ class TrainConfig(Strict):
     num_minibatches: int = Field(1, ge=1)
     success_threshold: float = 1.0
     """A group is all-success when every reward is >= this, all-failure when every reward is <= 0."""
+    no_signal_warn: int = Field(3, ge=1)
+    """Warn when a trainable role's updates carried no signal (every advantage 0, or a zero gradient)
+    for this many consecutive steps."""
 
 
 class EvalConfig(Strict):

@@ -33,8 +33,14 @@ class GroupStats:
 
 
 def group_advantages(episodes: Sequence[Episode], role: str, success_threshold: float = 1.0,
-                     eps: float = 1e-6) -> tuple[list[float | None], GroupStats]:
-    """Per-episode advantage for ``role`` (None for failed episodes, which are left out)."""
+                     eps: float = 1e-6, baseline: str = "group") -> tuple[list[float | None], GroupStats]:
+    """Per-episode advantage for ``role`` (None for failed episodes, which are left out).
+
+    ``baseline="group"``: z-score within each task's group (GRPO). ``"step"``: z-score over every
+    episode of the step, for a reward that is constant within a group (the curriculum), whose
+    within-group advantages would all be 0. The success/failure fractions are per task group either
+    way; ``zero_variance`` counts the baseline groups that carried no signal.
+    """
     stats = GroupStats()
     groups: dict[str, list[int]] = {}
     for i, ep in enumerate(episodes):
@@ -48,14 +54,21 @@ def group_advantages(episodes: Sequence[Episode], role: str, success_threshold: 
         stats.n_groups += 1
         stats.all_success += bool((r >= success_threshold).all())
         stats.all_failure += bool((r <= 0).all())
+    if baseline not in ("group", "step"):
+        raise ValueError(f"baseline must be 'group' or 'step', not {baseline!r}")
+    pools = list(groups.values()) if baseline == "group" else ([sum(groups.values(), [])] if groups else [])
+    for idx in pools:
+        r = torch.tensor([episodes[i].rewards[role] for i in idx], dtype=torch.float64)
         std = r.std(unbiased=False) if len(idx) > 1 else torch.tensor(0.0, dtype=torch.float64)
         if std < eps:
-            stats.zero_variance += 1
+            stats.zero_variance += len(idx) if baseline == "step" else 1
             a = torch.zeros_like(r)
         else:
             a = (r - r.mean()) / (std + eps)
         for i, v in zip(idx, a.tolist()):
             adv[i] = v
+    if baseline == "step":  # as a fraction of task groups: all of them carried no signal, or none did
+        stats.zero_variance = stats.n_groups if stats.zero_variance else 0
     return adv, stats
 
 

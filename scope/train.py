@@ -25,7 +25,7 @@ import torch
 from .config import Config
 from .envs import get_env
 from .learner import Learner, LearnerConfig, group_advantages
-from .partners.rewards import apply_partner_reward
+from .partners.rewards import apply_partner_reward, baseline_of
 from .diagnostics import CLASSIFIERS, behaviour_stats, group_similarity
 from .rollout import Job, run_rollouts
 from .run import Checkpointer, MetricsLogger, RunDir, rollout_records, save_weights
@@ -98,8 +98,8 @@ def train(cfg: Config, resume: bool = False, on_step_end: Callable[[int], None] 
         owner = "agent" if rc.self_play else role
         if owner not in learners:
             ref = trainable[owner]
-            lc = LearnerConfig(**cfg.train.model_dump(exclude={"steps", "success_threshold"}),
-                               temperature=rc.temperature)
+            lc = LearnerConfig(**cfg.train.model_dump(exclude={"steps", "success_threshold", "no_signal_warn", "lr"}),
+                               lr=rc.lr or cfg.train.lr, temperature=rc.temperature)
             learners[owner] = Learner(ref.backend, ref.adapter, lc)
         roles_of.setdefault(owner, []).append(role)
     pools = {r: s for r, s in sources.items() if hasattr(s, "maybe_snapshot")}
@@ -119,6 +119,7 @@ def train(cfg: Config, resume: bool = False, on_step_end: Callable[[int], None] 
     evaluator = PanelEval(cfg, backends, trainable["agent"], run, judge) \
         if cfg.eval.panel and "agent" in trainable else None
     classify = CLASSIFIERS.get(cfg.env.name)
+    no_signal = {owner: 0 for owner in learners}
     log(f"training {list(learners)} on {len(tasks)} {cfg.env.name} tasks ({cfg.env.train_split}); "
         f"{cfg.rollout.n_tasks} tasks x G={cfg.rollout.group_size} per step; run dir {run.path}")
     for step in range(start + 1, cfg.train.steps + 1):
@@ -134,7 +135,8 @@ def train(cfg: Config, resume: bool = False, on_step_end: Callable[[int], None] 
         if cfg.partner.reward != "env":
             apply_partner_reward(cfg.partner.reward, episodes, "partner")
         for owner, learner in learners.items():  # self-play: one learner, both roles' tokens
-            m.update(update_learner(owner, learner, roles_of[owner], episodes, cfg.train.success_threshold))
+            m.update(update_learner(owner, learner, roles_of[owner], episodes, cfg))
+            watch_signal(owner, m, no_signal, cfg.train.no_signal_warn, log)
         for role, pool in pools.items():
             pool.maybe_snapshot(step)
             m[f"{role}/pool_size"] = len(pool.members)
@@ -204,12 +206,15 @@ class PanelEval:
 
 
 def update_learner(owner: str, learner: Learner, roles: list[str], episodes: list[Episode],
-                   success_threshold: float) -> dict[str, float]:
-    """One update from the traces of ``roles``, each role with its own group advantages."""
+                   cfg: Config) -> dict[str, float]:
+    """One update from the traces of ``roles``, each role with its own advantages (within each task's
+    group, or across the step for a reward that is constant within a group)."""
     m: dict[str, float] = {}
     traces, advs = [], []
     for role in roles:
-        adv, gstats = group_advantages(episodes, role, success_threshold)
+        rc = cfg.roles()[role]
+        adv, gstats = group_advantages(episodes, role, cfg.train.success_threshold,
+                                       baseline=baseline_of(rc.reward if role != "agent" else "env", rc.baseline))
         for i, ep in enumerate(episodes):
             ep.meta.setdefault("advantage", {})[role] = adv[i]
         traces += [ep.traces[role] for ep in episodes]
@@ -222,9 +227,25 @@ def update_learner(owner: str, learner: Learner, roles: list[str], episodes: lis
     out = learner.update(traces, advs)
     prefix = "" if owner == "agent" else f"{owner}/"
     m.update({f"{prefix}train/{k}": v for k, v in out.items()})
+    m[f"{prefix}train/nonzero_adv_frac"] = (sum(1 for a in advs if a) / len(advs)) if advs else 0.0
     if "entropy" in out:
         m[f"{prefix}policy_entropy"] = out["entropy"]
     return m
+
+
+def watch_signal(owner: str, m: dict[str, float], counts: dict[str, int], warn_after: int,
+                 log: Callable[[str], None]) -> None:
+    """Count the consecutive steps in which ``owner``'s update carried no signal (no non-zero advantage,
+    or a zero gradient); log ``train/no_signal_steps`` and warn loudly once it reaches ``warn_after``."""
+    prefix = "" if owner == "agent" else f"{owner}/"
+    silent = m.get(f"{prefix}train/nonzero_adv_frac", 0.0) == 0.0 or m.get(f"{prefix}train/grad_norm", 0.0) == 0.0
+    counts[owner] = counts[owner] + 1 if silent else 0
+    m[f"{prefix}train/no_signal_steps"] = counts[owner]
+    n = counts[owner]
+    if n >= warn_after and (n == warn_after or n % 10 == 0):
+        log(f"WARNING: the {owner} has learned nothing for {n} consecutive steps: every advantage was 0 "
+            f"(each group's rewards were equal) or the gradient was 0. Its weights are not moving; check its "
+            f"reward ({prefix}zero_variance_frac, {prefix}reward_mean).")
 
 
 def step_diagnostics(cfg: Config, step: int, jobs: list[Job], episodes: list[Episode], classify,

@@ -233,3 +233,60 @@ def test_partner_with_its_own_full_model(tmp_path):
     m = read_metrics(str(tmp_path / "f"))[-1]
     assert m["partner/train/trained_sequences"] == 6
     assert (tmp_path / "f" / "checkpoints" / "step_000001" / "partner" / "model.safetensors").exists()
+
+
+def adapter_b_norm(ckpt_dir, adapter):
+    from safetensors.torch import load_file
+
+    sd = load_file(str(ckpt_dir / adapter / adapter / "adapter_model.safetensors"))
+    return sum(float(v.abs().sum()) for k, v in sd.items() if "lora_B" in k)
+
+
+@pytest.mark.parametrize("reward", ["adversarial", "cooperative", "curriculum"])
+def test_every_partner_reward_moves_the_partner(tmp_path, reward):
+    """The real loop: the partner's LoRA B starts at zero, so it only moves if its advantages carry signal."""
+    c = cfg(tmp_path / reward, {"trainable": True, "reward": reward, "temperature": 1.0}, steps=2, save_every=2)
+    c.rollout.n_tasks, c.agent.temperature = 4, 1.0
+    logs = []
+    train(c, log=logs.append)
+    assert adapter_b_norm(tmp_path / reward / "checkpoints" / "step_000002", "partner") > 0
+    ms = read_metrics(str(tmp_path / reward))
+    assert all(m["partner/train/nonzero_adv_frac"] > 0 for m in ms)
+    assert all(m["partner/train/grad_norm"] > 0 for m in ms)
+    recs = [json.loads(x) for x in open(tmp_path / reward / "rollouts" / "step_000001.jsonl")]
+    assert any(abs(r["meta"]["advantage"]["partner"]) > 0 for r in recs)
+    assert not any("WARNING" in s for s in logs)
+
+
+def test_curriculum_needs_a_baseline_across_groups():
+    """Within a group the curriculum is constant, so group z-scores are all 0; across the step they are not."""
+    eps = eps_with({"half": [1.0, 0.0], "same": [1.0, 1.0], "third": [1.0, 0.0, 0.0]})
+    apply_partner_reward("curriculum", eps, "partner")
+    within, _ = group_advantages(eps, "partner", baseline="group")
+    assert all(a == 0 for a in within)
+    across, st = group_advantages(eps, "partner", baseline="step")
+    r = [e.rewards["partner"] for e in eps]
+    mean = sum(r) / len(r)
+    sd = (sum((x - mean) ** 2 for x in r) / len(r)) ** 0.5
+    assert across == pytest.approx([(x - mean) / sd for x in r], rel=1e-5)
+    assert across[0] > 0 > across[2]  # the group kept at variance 0.25 is preferred to the all-success one
+    assert st.n_groups == 3 and st.zero_variance == 0
+    from scope.partners.rewards import baseline_of
+
+    assert baseline_of("curriculum") == "step" and baseline_of("adversarial") == "group"
+    assert baseline_of("curriculum", "group") == "group"
+
+
+def test_a_partner_that_never_learns_is_reported_loudly(tmp_path):
+    """Forcing the curriculum back onto within-group baselines (the old defect): no signal, a warning."""
+    c = cfg(tmp_path / "silent", {"trainable": True, "reward": "curriculum", "baseline": "group"}, steps=3,
+            save_every=3)
+    c.train.no_signal_warn = 2
+    logs = []
+    train(c, log=logs.append)
+    ms = read_metrics(str(tmp_path / "silent"))
+    assert [m["partner/train/no_signal_steps"] for m in ms] == [1, 2, 3]
+    assert [m["partner/train/nonzero_adv_frac"] for m in ms] == [0.0, 0.0, 0.0]
+    warnings = [s for s in logs if s.startswith("WARNING: the partner has learned nothing for 2")]
+    assert len(warnings) == 1
+    assert adapter_b_norm(tmp_path / "silent" / "checkpoints" / "step_000003", "partner") == 0

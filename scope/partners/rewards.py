@@ -13,14 +13,26 @@ from ..types import Episode
 
 RewardFn = Callable[[Sequence[Episode], str, str], list]
 PARTNER_REWARDS: dict[str, RewardFn] = {}
+BASELINES: dict[str, str] = {}
+"""The advantage baseline each reward needs: ``group`` (z-score within a task's group) or ``step``
+(over all episodes of the step: a reward that is constant within a group has no signal inside it)."""
 
 
-def register_reward(name: str):
+def register_reward(name: str, baseline: str = "group"):
+    if baseline not in ("group", "step"):
+        raise ValueError(f"baseline must be 'group' or 'step', not {baseline!r}")
+
     def deco(fn: RewardFn) -> RewardFn:
         PARTNER_REWARDS[name] = fn
+        BASELINES[name] = baseline
         return fn
 
     return deco
+
+
+def baseline_of(reward: str, setting: str = "auto") -> str:
+    """The baseline a role's advantages use: its ``baseline`` setting, or (``auto``) its reward's."""
+    return BASELINES.get(reward, "group") if setting == "auto" else setting
 
 
 def _agent_r(ep: Episode, agent: str) -> float | None:
@@ -52,10 +64,11 @@ def curriculum_value(s2: float, target: float = 0.25, width: float = 0.02) -> fl
     return math.exp(-((s2 - target) ** 2) / width)
 
 
-@register_reward("curriculum")
+@register_reward("curriculum", baseline="step")
 def curriculum(episodes, role, agent="agent"):
     """Every partner rollout of a group gets exp(-(s2 - 0.25)^2 / 0.02), s2 = variance of the agent's
-    rewards within the group (population variance; failed rollouts left out)."""
+    rewards within the group (population variance; failed rollouts left out). The value is the same
+    for the whole group, so its advantages are taken across the groups of the step (baseline step)."""
     groups: dict[str, list[float]] = {}
     for e in episodes:
         r = _agent_r(e, agent)
