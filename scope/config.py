@@ -152,7 +152,7 @@ class RolloutConfig(Strict):
 
 
 class TrainConfig(Strict):
-    steps: int = Field(100, ge=1)
+    steps: int = Field(250, ge=1)
     lr: float = Field(1e-6, gt=0)
     betas: tuple[float, float] = (0.9, 0.98)
     weight_decay: float = Field(0.1, ge=0)

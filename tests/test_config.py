@@ -13,6 +13,32 @@ def test_defaults_follow_the_paper():
     assert c.env.options.get("max_turns", 10) == 10
     assert (c.train.eps_low, c.train.eps_high, c.train.grad_clip) == (0.2, 0.28, 1.0)
     assert c.train.betas == (0.9, 0.98) and c.train.weight_decay == 0.1
+    assert c.train.steps == 250
+
+
+def test_shipped_configs_and_panels_are_valid_and_match_the_paper():
+    import glob
+    import os
+
+    from scope.eval import load_panel
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    cfgs = {os.path.basename(f): load_config(f) for f in glob.glob(os.path.join(root, "configs", "*.yaml"))}
+    assert len(cfgs) >= 10
+    for name, c in cfgs.items():
+        if name.startswith("p4g_"):  # the paper's persuadees: the real P4G participants
+            assert c.env.options["personas"] == "real", name
+        if c.partner.trainable and not c.partner.self_play:  # the paper's simulator rewards
+            assert c.partner.reward == ("adversarial" if c.env.name == "p4g" else "curriculum"), name
+    for f in glob.glob(os.path.join(root, "configs", "panels", "*.yaml")):
+        panel = load_panel(f)
+        if os.path.basename(f) in ("p4g.yaml", "tau2.yaml"):  # six simulators: three seen, three unseen
+            assert [p.seen for p in panel.partners].count(True) == 3 and len(panel.partners) == 6, f
+            assert any(p.decoding == "vs" for p in panel.partners if not p.seen)
+            assert panel.episodes is None  # every test task
+    ens = cfgs["p4g_ensemble.yaml"].partner.rotation
+    seen = [p for p in load_panel(os.path.join(root, "configs", "panels", "p4g.yaml")).partners if p.seen]
+    assert [s.spec_id() for s in ens] == [p.spec_id() for p in seen]
 
 
 @pytest.mark.parametrize("data,needle", [

@@ -16,16 +16,29 @@ from conftest import shared_path
     ("[donate $1]", 1.0),
     ("I'll give [DONATE $5] since I'm generous", 2.0),      # clipped to 2
     ("[DONATE $-3]", 0.0),                                   # clipped to 0
-    ("[DONATE $1 to Save the Children]", 1.0),
+    ("[DONATE $1 to Save the Children]", None),              # not an intact marker
     ("I won't give $2.", None),
-    ("I won't [DONATE $2]", None),                           # negated marker
+    ("I'll give two dollars. [DONATE two]", None),          # amounts in words never count
+    ("sure, why not [DONATE $1]", 1.0),                      # an intact marker counts, whatever the words
+    ("I won't [DONATE $2]", 2.0),
+    ("[DONATE $2]... no wait, [DONATE $0.50]", 0.5),         # the last marker is the decision
     ("I will not [DONATE $1]. Actually, yes: [DONATE $0.25]", 0.25),
-    ("I don't think so. [DONATE $1]", 1.0),                  # negation in an earlier sentence
+    ("[ DONATE: 1.5 ]", 1.5),
     ("no marker here, $2 maybe", None),
     ("[DONATE $]", None),
 ])
 def test_parse_donation(text, amount):
     assert parse_donation(text) == amount
+
+
+def test_parse_donation_is_linear_in_the_reply_length():
+    import time
+
+    for text in ("[DONATE $" * 20000, "[" * 40000 + "DONATE $1]", "[DONATE " + " " * 40000 + "$1]",
+                 "[DONATE $1] " * 5000):
+        t0 = time.perf_counter()
+        parse_donation(text)
+        assert time.perf_counter() - t0 < 0.5, text[:20]  # a quadratic scan takes seconds here
 
 
 def make_env(**kw):
@@ -48,7 +61,7 @@ def test_turn_limit_and_no_marker_gives_zero():
     env = make_env(max_turns=2)
     for _ in range(2):
         env.on_reply("agent", "Please donate.")
-        env.on_reply("partner", "I won't [DONATE $2].")
+        env.on_reply("partner", "I won't give you anything.")
     assert env.done and env.end_reason == "max_turns" and env.rewards()["agent"] == 0.0
 
 

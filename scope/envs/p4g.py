@@ -1,13 +1,15 @@
 """Persuasion for Good: the agent persuades a persuadee (the partner) to donate to Save the Children.
 
 The persuadee plays a persona built from the P4G survey fields. It states a gift as ``[DONATE $N]``;
-the episode ends at the first counted marker or after ``max_turns`` agent turns. Reward for the
-agent: min(donation / 2, 1) with the amount clipped to [0, 2]; no marker gives 0; a negated marker
-("I won't [DONATE $2]") never counts.
+the episode ends at the first reply with a marker (the last marker of that reply is the gift) or
+after ``max_turns`` agent turns. Reward for the agent: min(donation / 2, 1) with the amount clipped
+to [0, 2]; no marker gives 0.
 
 Persona sources:
-- ``builtin``: 36 personas written for this project (``envs/data/p4g_personas.json``), same fields.
-- a directory holding the original ``full_info.csv`` (persuadee rows, B4 == 1).
+- ``real`` (the paper's configs): the persuadees of the original study (``full_info.csv``, persuadee
+  rows, B4 == 1) from ``data_dir`` or ``SCOPE_P4G_DATA``;
+- ``builtin``: 36 personas written for this project (``envs/data/p4g_personas.json``), same fields;
+- a directory holding the original ``full_info.csv``, or a ``.json`` file of personas.
 
 ``force_decision`` (off by default) is for partners too small to use the marker on their own: the
 persuadee's reply to the last agent turn is told the chat ends and is started with ``[DONATE $``,
@@ -41,30 +43,24 @@ FIELDS = [k for k, _ in BIG5] + MORAL + SCHWARTZ + STYLE + DEMO
 
 BUILTIN = os.path.join(os.path.dirname(__file__), "data", "p4g_personas.json")
 
-_MARKER = re.compile(r"\[\s*DONATE\s*:?\s*\$?\s*(-?\d+(?:\.\d+)?)[^\[\]\n]{0,40}\]", re.IGNORECASE)
-_FORCED = re.compile(r"\[DONATE \$\s*(\d+(?:\.\d+)?)")
-_NEGATION = re.compile(r"\b(not|never|no|won'?t|can'?t|cannot|don'?t|didn'?t|wouldn'?t|shouldn'?t|isn'?t|"
-                       r"refuse|refusing|decline|declining|unwilling|without)\b", re.IGNORECASE)
+_MARKER = re.compile(r"\[[ \t]*DONATE[ \t]*:?[ \t]*\$?[ \t]*(-?\d{1,12}(?:\.\d{1,12})?)[ \t]*\]", re.IGNORECASE)
+_FORCED = re.compile(r"\[DONATE \$[ \t]*(\d{1,12}(?:\.\d{1,12})?)")
 
 
 def parse_donation(text: str) -> float | None:
-    """The amount of the first counted ``[DONATE $N]`` marker in ``text``, clipped to [0, 2], or None.
+    """The amount of the last intact ``[DONATE $N]`` marker in ``text``, clipped to [0, 2], or None.
 
-    A marker whose own sentence (the text since the last '.', '!', '?' or newline) contains a
-    negation word does not count.
+    The last marker is the decision (a persuadee who corrects herself gives the corrected amount), as
+    in the P4G paper's own parsing; words around the marker do not change it ("sure, why not
+    [DONATE $1]" gives $1), and amounts in words never count. One regular-expression scan: linear in
+    the length of the reply.
     """
-    for m in _MARKER.finditer(text):
-        before = re.split(r"[.!?\n]", text[:m.start()])[-1]
-        if _NEGATION.search(before):
-            continue
-        try:
-            amount = float(m.group(1))
-        except ValueError:
-            continue
-        if math.isnan(amount):
-            continue
-        return min(max(amount, 0.0), 2.0)
-    return None
+    last = None
+    for last in _MARKER.finditer(text):
+        pass
+    if last is None:
+        return None
+    return min(max(float(last.group(1)), 0.0), 2.0)
 
 
 def _num(v: Any) -> float | None:
@@ -73,6 +69,15 @@ def _num(v: Any) -> float | None:
     except (TypeError, ValueError):
         return None
     return None if math.isnan(x) else x
+
+
+def resolve_data_dir(path: str | None = None) -> str:
+    """The directory with the original P4G ``full_info.csv``: ``env.options.data_dir`` or ``SCOPE_P4G_DATA``."""
+    d = path or os.environ.get("SCOPE_P4G_DATA")
+    if not d:
+        raise FileNotFoundError("P4G data: personas 'real' reads the participants of Persuasion for Good from "
+                                "full_info.csv; set env.options.data_dir or SCOPE_P4G_DATA to its directory")
+    return d
 
 
 def load_builtin_personas(path: str = BUILTIN) -> list[dict[str, Any]]:
@@ -224,16 +229,18 @@ class PersuasionForGood(Env):
 
     @classmethod
     def load_tasks(cls, split: str, personas: str = "builtin", split_seed: int = 0,
-                   test_fraction: float = 0.2, **_: Any) -> list[Task]:
-        if personas == "builtin":
+                   test_fraction: float = 0.2, data_dir: str | None = None, **_: Any) -> list[Task]:
+        if personas == "real":
+            ps = load_csv_personas(resolve_data_dir(data_dir))
+        elif personas == "builtin":
             ps = load_builtin_personas()
         elif os.path.isdir(personas):
             ps = load_csv_personas(personas)
         elif personas.endswith(".json"):
             ps = load_builtin_personas(personas)
         else:
-            raise ValueError(f"p4g personas: {personas!r} is not 'builtin', a directory with full_info.csv, "
-                             f"or a .json persona file")
+            raise ValueError(f"p4g personas: {personas!r} is not 'real', 'builtin', a directory with "
+                             f"full_info.csv, or a .json persona file")
         chosen = split_personas(ps, split, seed=split_seed, test_fraction=test_fraction)
         tasks, seen = [], {}
         for p in chosen:
