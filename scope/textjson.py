@@ -7,7 +7,7 @@ helpers look at each character a bounded number of times:
 - :func:`json_spans` finds the maximal balanced ``{...}`` / ``[...]`` spans (brackets inside JSON
   strings do not count; quotes outside brackets are prose), which are disjoint, so decoding each
   one once is linear in total;
-- :func:`first_json` decodes them in order and returns the first value (or nested value) that a
+- :func:`json_values` decodes them in order; :func:`first_json` decodes them in order and returns the first value (or nested value) that a
   predicate accepts;
 - :func:`string_tokens` lexes the complete JSON strings of a text in one pass (for salvaging pairs
   such as ``"text": "..."`` from JSON that is broken as a whole).
@@ -15,6 +15,7 @@ helpers look at each character a bounded number of times:
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Callable, Iterator
 
 _PAIR = {"}": "{", "]": "["}
@@ -49,7 +50,7 @@ def json_spans(text: str) -> list[tuple[int, int]]:
     return spans
 
 
-def _walk(obj: Any) -> Iterator[Any]:
+def walk(obj: Any) -> Iterator[Any]:
     """``obj`` and every value nested in it, outermost first (breadth first, iteratively)."""
     queue = [obj]
     k = 0
@@ -63,17 +64,22 @@ def _walk(obj: Any) -> Iterator[Any]:
             queue.extend(x)
 
 
+def json_values(text: str) -> Iterator[Any]:
+    """The decodable maximal bracket spans of ``text``, decoded, in order (each span decoded once)."""
+    for a, b in json_spans(text):
+        try:
+            yield json.loads(text[a:b])
+        except (ValueError, RecursionError):
+            continue
+
+
 def first_json(text: str, accept: Callable[[Any], bool] = lambda o: True) -> Any:
     """The first JSON value in ``text`` (a maximal bracket span, or a value nested in one) that
     ``accept`` accepts; None if there is none. Never raises on bad input."""
     if not isinstance(text, str):
         return None
-    for a, b in json_spans(text):
-        try:
-            obj = json.loads(text[a:b])
-        except (ValueError, RecursionError):
-            continue
-        for x in _walk(obj):
+    for obj in json_values(text):
+        for x in walk(obj):
             try:
                 if accept(x):
                     return x
@@ -82,31 +88,30 @@ def first_json(text: str, accept: Callable[[Any], bool] = lambda o: True) -> Any
     return None
 
 
+_STRING = re.compile(r'"([^"\\]*(?:\\.[^"\\]*)*)"', re.DOTALL)
+
+
 def string_tokens(text: str) -> list[tuple[int, int, str]]:
-    """Every complete JSON string of ``text`` as (start, end, decoded value), left to right; a quote
-    that is never closed ends the scan. Linear: each character is read once."""
+    """Every complete JSON string of ``text`` as (start, end, body as written), left to right; decode a
+    body with :func:`decode_string`. Linear: a quote that is never closed is scanned once, to the end,
+    and no later quote can open a closed string (every one of them is escaped)."""
     out = []
-    i, n = 0, len(text)
-    while i < n:
+    i = 0
+    while True:
         j = text.find('"', i)
-        if j < 0:
+        m = _STRING.match(text, j) if j >= 0 else None
+        if m is None:
             break
-        k, esc = j + 1, False
-        while k < n:
-            c = text[k]
-            if esc:
-                esc = False
-            elif c == "\\":
-                esc = True
-            elif c == '"':
-                break
-            k += 1
-        if k >= n:
-            break
-        try:
-            value = json.loads(text[j:k + 1])
-        except ValueError:
-            value = text[j + 1:k]
-        out.append((j, k + 1, value))
-        i = k + 1
+        i = m.end()
+        out.append((m.start(), m.end(), m.group(1)))
     return out
+
+
+def decode_string(body: str) -> str:
+    """The value of a JSON string body (its escapes resolved; kept as written if they are invalid)."""
+    if "\\" not in body:
+        return body
+    try:
+        return json.loads('"' + body + '"')
+    except ValueError:
+        return body

@@ -141,3 +141,36 @@ def test_runaway_vs_attempts_restart_inside_one_call(monkeypatch):
     assert sum(runaways) >= 3  # (an attempt can also end at once, with an end token or a closing quote)
     for v, n in zip(recs, runaways):
         assert n <= 2 and v["attempts"] >= 1 + n and (v["fallback"] or v["candidates"])
+
+
+def test_huge_stated_probabilities_are_normalised_without_overflow():
+    p = parse('{"responses": [{"text": "a", "probability": 1e308}, {"text": "b", "probability": 1e308}, '
+              '{"text": "c", "probability": 1e300}]}')
+    assert p.ok and p.probs == pytest.approx([0.5, 0.5, 0.0], abs=1e-6) and sum(p.probs) == pytest.approx(1.0)
+    p = parse('{"responses": [{"text": "a", "probability": 1e-320}, {"text": "b", "probability": 3e-320}]}')
+    assert p.ok and p.probs == pytest.approx([0.25, 0.75])
+
+
+def test_an_echo_of_the_format_is_not_a_candidate_set():
+    echo = instruction(5, "prob")  # the instruction's own example, placeholders and all
+    assert not parse(echo).ok
+    assert not parse('{"responses": [{"text": "<reply>", "probability": 0.5}, {"text": "...", "probability": 0.5}]}').ok
+    assert not parse(json.dumps(json_schema(5, "prob"))).ok
+    assert not parse(json.dumps(json_schema(5, "prob")["schema"])).ok
+    assert not parse(instruction(3, "random")).ok
+
+
+@pytest.mark.parametrize("raw", [
+    "[" * 20000, "{" * 10000 + "}" * 10000, '{"responses": [' * 2000 + "]}" * 2000,
+    '{"text": "' * 2000, '"text": "a", ' * 1700, "[" * 10000 + '{"text": "x"}' + "]" * 10000,
+    '"\\' * 10000, '["\\' * 7000, '"' * 20000])
+def test_parsing_is_linear_in_the_reply_length(raw):
+    import time
+
+    from scope.partners.vs import complete, runaway
+
+    t0 = time.perf_counter()
+    check(parse(raw))
+    complete(raw, 5)
+    runaway(raw, 100)
+    assert time.perf_counter() - t0 < 0.05, len(raw)

@@ -6,12 +6,13 @@ are 0 the draw is uniform); method ``random`` ignores them and draws uniformly.
 """
 from __future__ import annotations
 
-import json
 import math
 import random
 import re
 from dataclasses import dataclass, field
 from typing import Any
+
+from ..textjson import decode_string, json_values, string_tokens, walk
 
 
 JSON_PREFIX = '{"responses": [{"text": "'
@@ -52,12 +53,7 @@ def runaway(raw: str, max_chars: int) -> bool:
 def complete(raw: str, k: int) -> bool:
     """True once ``raw`` holds ``k`` complete candidate objects, or has begun a (k+1)-th candidate: a
     local VS partner stops there, since :func:`parse` keeps at most ``k`` candidates anyway."""
-    n = 0
-    for _ in _ITEM.finditer(raw):
-        n += 1
-        if n >= k:
-            return True
-    return len(_OPEN_TEXT.findall(raw)) > k
+    return sum(1 for c in _items(raw) if c[2]) >= k or len(_OPEN_TEXT.findall(raw)) > k
 
 
 def json_schema(k: int, method: str) -> dict[str, Any]:
@@ -85,34 +81,37 @@ class VSParse:
         return self.error is None
 
 
-def _json_candidates(s: str):
-    """Yield every decodable JSON value that starts at a '{' or '[' in ``s``, outermost first."""
-    dec = json.JSONDecoder()
-    for m in re.finditer(r"[\[{]", s):
-        try:
-            obj, _ = dec.raw_decode(s, m.start())
-        except (ValueError, RecursionError):
-            continue
-        yield obj
+_COLON = re.compile(r"\s*:\s*")
+_PROB_TAIL = re.compile(r'\s*,\s*"(?:probability|prob)"\s*:\s*(-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)')
+_CLOSE = re.compile(r"\s*\}")
+_PLACEHOLDER = re.compile(r"^(?:<[^<>]{0,60}>|\.\.\.|…)$")
 
 
-_ITEM = re.compile(r'\{\s*"text"\s*:\s*"((?:[^"\\]|\\.)*)"\s*(?:,\s*"probability"\s*:\s*'
-                   r'(-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?))?\s*\}')
-_LOOSE_ITEM = re.compile(r'"text"\s*:\s*"((?:[^"\\]|\\.)*)"(?:\s*,\s*"probability"\s*:\s*'
-                         r'(-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?))?')
-
-
-def _salvage(raw: str) -> list[dict[str, Any]]:
-    """``"text": "...", "probability": ...`` pairs inside a reply whose JSON as a whole is broken (cut
-    off before the list was closed, braces left out); a text must be a complete JSON string."""
+def _items(raw: str) -> list[tuple[str, float | None, bool]]:
+    """``("text": "...", "probability": x)`` pairs found in ``raw`` whether or not its JSON is whole, as
+    (text, probability or None, whether the object is closed right after); one linear scan."""
+    toks = string_tokens(raw)
     out = []
-    for m in _LOOSE_ITEM.finditer(raw):
-        try:
-            text = json.loads(f'"{m.group(1)}"')
-        except ValueError:
+    for i, (start, end, value) in enumerate(toks[:-1]):
+        if value not in ("text", "response"):
             continue
-        out.append({"text": text, "probability": float(m.group(2)) if m.group(2) else None})
+        colon = _COLON.match(raw, end)
+        nxt = toks[i + 1]
+        if colon is None or colon.group(0).count(":") != 1 or nxt[0] != colon.end():
+            continue
+        prob = _PROB_TAIL.match(raw, nxt[1])
+        tail = prob.end() if prob else nxt[1]
+        out.append((decode_string(nxt[2]), float(prob.group(1)) if prob else None,
+                    _CLOSE.match(raw, tail) is not None))
     return out
+
+
+def _candidate_list(o: Any) -> list | None:
+    if isinstance(o, dict):
+        for key in ("responses", "candidates", "replies"):
+            if isinstance(o.get(key), list):
+                return o[key]
+    return None
 
 
 def _prob(v: Any) -> float:
@@ -143,18 +142,13 @@ def _parse(raw: Any, k: int, method: str) -> VSParse:
     if not isinstance(raw, str):
         return VSParse(error="reply is not text")
     items = None
-    for obj in _json_candidates(raw):
-        if isinstance(obj, dict):
-            for key in ("responses", "candidates", "replies"):
-                if isinstance(obj.get(key), list):
-                    items = obj[key]
-                    break
-        elif isinstance(obj, list):
-            items = obj
+    for value in json_values(raw):  # an object with a candidate list (at any depth), or a bare list
+        found = next((x for x in walk(value) if _candidate_list(x) is not None), None)
+        items = _candidate_list(found) if found is not None else (value if isinstance(value, list) else None)
         if items is not None:
             break
     if items is None:
-        items = _salvage(raw)
+        items = [{"text": t, "probability": p} for t, p, _ in _items(raw)]
     if not items:
         return VSParse(error="no JSON list of responses found")
     texts, probs = [], []
@@ -166,16 +160,19 @@ def _parse(raw: Any, k: int, method: str) -> VSParse:
             text, p = it, None
         else:
             continue
-        if not isinstance(text, str) or not text.strip():
-            continue
+        if not isinstance(text, str) or not text.strip() or _PLACEHOLDER.match(text.strip()):
+            continue  # empty, or the instruction's own placeholder echoed back
         texts.append(text.strip())
         probs.append(_prob(p))
         if len(texts) == k:
             break
     if not texts:
-        return VSParse(error="no non-empty candidate")
-    if method == "random" or sum(probs) <= 0:
+        return VSParse(error="no non-empty candidate (an echo of the format is not a candidate set)")
+    top = max(probs)
+    if method == "random" or top <= 0:
         probs = [1.0] * len(texts)
+    else:  # scaled by the largest first: huge stated numbers neither overflow nor vanish
+        probs = [p / top for p in probs]
     total = sum(probs)
     return VSParse(texts=texts, probs=[p / total for p in probs])
 
