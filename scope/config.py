@@ -182,6 +182,8 @@ class DiagnosticsConfig(Strict):
     """Every this many steps (0: never), split the group reward variance into partner and agent parts by
     nested resampling on a sample of this step's tasks (the agent's turns replayed, the partner resampled)."""
     decompose_tasks: int = Field(2, ge=1)
+    decompose_samples: int = Field(4, ge=2)
+    """First-stage rollouts per task (the agent part is the variance between them, within the task)."""
     decompose_resamples: int = Field(4, ge=2)
 
 

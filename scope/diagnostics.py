@@ -118,22 +118,26 @@ def group_similarity(episodes: Sequence[Episode], role: str = "agent") -> dict[s
 # ---- partner behaviour ------------------------------------------------------------------------
 def behaviour_stats(episodes: Sequence[Episode], classify: Callable[[str], str], role: str = "partner"
                     ) -> dict[str, float]:
-    """Modal mass of ``role``'s behaviour classes at visited states.
+    """Modal mass of ``role``'s behaviour classes at the same dialogue state.
 
-    A state is (task group, turn index): the G rollouts of a task that reached turn t. Its modal mass is
-    the share of the most frequent class among their replies at t; the estimate is the mean over
-    states visited by at least two rollouts (1.0 = the partner always does the same thing there).
-    Also returns the overall class shares. ``modal_mass`` is absent when no state was visited twice.
+    A state is a task group and the exact conversation so far (every message before the reply): only
+    replies given to the very same history are compared. Its modal mass is the share of the most
+    frequent class among the replies given there; the estimate is the mean over states reached by at
+    least two rollouts (1.0 = the partner always does the same thing there; an estimate of the paper's
+    epsilon). Also returns the overall class shares and ``states`` (how many states were compared).
+    ``modal_mass`` is absent when no state was reached twice.
     """
-    states: dict[tuple[str, int], list[str]] = {}
+    states: dict[tuple, list[str]] = {}
     overall: Counter = Counter()
     for gid, eps in _groups(episodes).items():
         for e in eps:
-            turns = [m["content"] for m in e.messages if m["role"] == role]
-            for t, text in enumerate(turns):
-                c = classify(text)
-                states.setdefault((gid, t), []).append(c)
-                overall[c] += 1
+            history: list[tuple[str, str]] = []
+            for m in e.messages:
+                if m["role"] == role:
+                    c = classify(m["content"])
+                    states.setdefault((gid, tuple(history)), []).append(c)
+                    overall[c] += 1
+                history.append((m["role"], m["content"]))
     masses = [Counter(cs).most_common(1)[0][1] / len(cs) for cs in states.values() if len(cs) >= 2]
     out = {"states": float(len(masses))}
     if masses:  # undefined (left out, not NaN) when no state was visited twice
@@ -145,20 +149,31 @@ def behaviour_stats(episodes: Sequence[Episode], classify: Callable[[str], str],
 
 
 # ---- variance decomposition -------------------------------------------------------------------
-def variance_decomposition(rewards: Sequence[Sequence[float]]) -> dict[str, float]:
-    """Law of total variance over nested samples: rewards[i][j] is the reward of the j-th partner
-    resample with the agent's turns of sample i held fixed.
+def _pvar(xs: Sequence[float]) -> float:
+    m = sum(xs) / len(xs)
+    return sum((x - m) ** 2 for x in xs) / len(xs)
 
-    partner = E_i[Var_j R], agent = Var_i[E_j R] (population variances); total = partner + agent.
+
+def variance_decomposition(rewards) -> dict[str, float]:
+    """The law of total variance within each task (the paper's Eq. 6, conditional on the task).
+
+    ``rewards[task][i][j]``: the reward of the j-th partner resample with the agent's turns of
+    first-stage dialogue i of that task held fixed (a bare list of rows is one task). Per task,
+    partner = E_i[Var_j R] and agent = Var_i[E_j R] (population variances); each part is averaged
+    over the tasks where it is defined (partner: a dialogue with two or more resamples; agent: two or
+    more dialogues). Differences between tasks belong to neither part. total = partner + agent.
     """
-    rows = [list(r) for r in rewards if len(r) > 0]
-    if not rows:
-        return {"total": 0.0, "partner": 0.0, "agent": 0.0, "partner_share": float("nan")}
-    means = [sum(r) / len(r) for r in rows]
-    within = [sum((x - m) ** 2 for x in r) / len(r) for r, m in zip(rows, means)]
-    partner = sum(within) / len(within)
-    gm = sum(means) / len(means)
-    agent = sum((m - gm) ** 2 for m in means) / len(means)
-    total = partner + agent
-    return {"total": total, "partner": partner, "agent": agent,
-            "partner_share": partner / total if total > 0 else float("nan")}
+    tasks = list(rewards.values()) if isinstance(rewards, dict) else [rewards]
+    partner, agent = [], []
+    for rows in tasks:
+        rows = [list(r) for r in rows if len(r) > 0]
+        within = [_pvar(r) for r in rows if len(r) > 1]
+        if within:
+            partner.append(sum(within) / len(within))
+        if len(rows) > 1:
+            agent.append(_pvar([sum(r) / len(r) for r in rows]))
+    p = sum(partner) / len(partner) if partner else 0.0
+    a = sum(agent) / len(agent) if agent else 0.0
+    total = p + a
+    return {"total": total, "partner": p, "agent": a, "partner_share": p / total if total > 0 else float("nan"),
+            "tasks": float(len(tasks))}

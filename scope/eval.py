@@ -8,6 +8,7 @@ seen and unseen means, as JSON and as a markdown table.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import math
 import os
@@ -223,22 +224,25 @@ class ReplayRef:
 
 def nested_variance(episodes: list[Episode], tasks: dict[str, Any], agent_sampling: SamplingParams,
                     partner_of, env_name: str, env_options: dict, resamples: int, rng: random.Random,
-                    max_context: int = 4096) -> dict[str, float]:
-    """Split the reward variance into partner and agent parts by nested resampling.
+                    max_context: int = 4096, classify=None) -> dict[str, float]:
+    """Split the reward variance into partner and agent parts by nested resampling, within each task.
 
     Each given dialogue's agent turns are replayed verbatim against ``resamples`` fresh samples of its
-    partner (``partner_of(episode)`` gives the binding); partner part = E[Var(R | agent turns)],
-    agent part = Var(E[R | agent turns]).
+    partner (``partner_of(episode)`` gives the binding). Per task, partner part = E[Var(R | agent turns)]
+    and agent part = Var(E[R | agent turns]) over that task's dialogues, then averaged over tasks, so give
+    several dialogues per task. With ``classify``, also the partner's behaviour modal mass over the
+    resamples (which meet the same dialogue state at least at their first partner turn).
     """
     env_cls = get_env(env_name)
+    takes_turns = "max_turns" in inspect.signature(env_cls.__init__).parameters
     nested, owners = [], []
     for k, e in enumerate(episodes):
         turns = [m["content"] for m in e.messages if m["role"] == "agent"]
         if not turns:
             continue
-        # P4G: the replay ends with the original's last agent turn; elsewhere a replay that runs out
-        # fails that sample, which is left out
-        opts = dict(env_options, max_turns=len(turns)) if env_name == "p4g" else dict(env_options)
+        # an env with a turn limit ends the replay with the original's last agent turn; elsewhere a
+        # replay that runs out fails that sample, which is left out
+        opts = dict(env_options, max_turns=len(turns)) if takes_turns else dict(env_options)
         for j in range(resamples):
             nested.append(Job(env=env_cls(tasks[e.task_id], random.Random(rng.random()), **opts),
                               episode=Episode(e.task_id, f"nest:{k}", j),
@@ -247,17 +251,26 @@ def nested_variance(episodes: list[Episode], tasks: dict[str, Any], agent_sampli
                               uid=30_000_000 + k * resamples + j))
             owners.append(k)
     eps, _ = run_rollouts(nested, max_context=max_context, end_on_truncation=False)
-    rewards: dict[int, list[float]] = {}
+    rows: dict[int, list[float]] = {}
     for e, k in zip(eps, owners):
         if not e.failed:
-            rewards.setdefault(k, []).append(e.rewards.get("agent", 0.0))
-    return variance_decomposition(list(rewards.values()))
+            rows.setdefault(k, []).append(e.rewards.get("agent", 0.0))
+    by_task: dict[str, list[list[float]]] = {}
+    for k, r in rows.items():
+        by_task.setdefault(episodes[k].task_id, []).append(r)
+    out = variance_decomposition(by_task)
+    if classify is not None:
+        mm = behaviour_stats(eps, classify).get("modal_mass")
+        if mm is not None:
+            out["modal_mass"] = mm
+    return out
 
 
 def diagnose(agent: Binding, partner: Binding, env_name: str, env_options: dict, split: str,
              n_tasks: int = 4, group: int = 8, resamples: int = 4, seed: int = 0) -> dict[str, Any]:
-    """Partner collapse without training: behaviour modal mass and similarity over G rollouts per task,
-    and the variance decomposition from ``resamples`` partner replays per first-stage rollout."""
+    """Partner collapse without training: behaviour classes and similarity over G rollouts per task, the
+    variance decomposition from ``resamples`` partner replays per first-stage rollout, and the partner's
+    modal mass where those replays meet the same dialogue state."""
     env_cls = get_env(env_name)
     tasks = env_cls.load_tasks(split, **env_options)[:n_tasks]
     rng = random.Random(seed)
@@ -274,6 +287,9 @@ def diagnose(agent: Binding, partner: Binding, env_name: str, env_options: dict,
                            "agent_similarity": group_similarity(first, "agent")}
     base = [e for e in first if not e.failed]
     out["variance"] = nested_variance(base, {e.task_id: t for e in base for t in tasks if t.id == e.task_id},
-                                      agent.sampling, lambda e: partner, env_name, env_options, resamples, rng)
+                                      agent.sampling, lambda e: partner, env_name, env_options, resamples, rng,
+                                      classify=classify)
+    if "modal_mass" in out["variance"]:  # at the replayed states, where every resample meets the same history
+        out["modal_mass"] = out["variance"].pop("modal_mass")
     out["first_stage_reward_mean"] = sum(e.rewards.get("agent", 0.0) for e in base) / max(len(base), 1)
     return out

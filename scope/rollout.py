@@ -175,8 +175,11 @@ def run_rollouts(jobs: list[Job], sampling: dict[str, SamplingParams] | None = N
                 except Exception as e:
                     _fail(j, e)
                     continue
-                if req.finish_reason == "length" and end_on_truncation and not j.env.done:
-                    j.env.finish("truncated")
+                if req.finish_reason == "length":  # cut off at the token limit: counted, and by default the end
+                    cut = j.episode.meta.setdefault("truncated_replies", {})
+                    cut[req.role] = cut.get(req.role, 0) + 1
+                    if end_on_truncation and not j.env.done:
+                        j.env.finish("truncated")
         live = [j for j in live if not j.env.done and j.episode.status != "failed"]
         if progress:
             progress(f"round {stats.rounds}: {len(live)}/{len(jobs)} dialogues live, "

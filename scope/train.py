@@ -255,24 +255,31 @@ def step_diagnostics(cfg: Config, step: int, jobs: list[Job], episodes: list[Epi
     m = {f"agent_{k}": v for k, v in group_similarity(episodes, "agent").items()}
     if classify is not None:
         b = behaviour_stats(episodes, classify, "partner")
-        m.update({f"partner_behaviour/{k}": v for k, v in b.items() if k != "states"})
+        m.update({f"partner_behaviour/{k}": v for k, v in b.items()})
     d = cfg.diagnostics
     if d.decompose_every and step % d.decompose_every == 0:
-        m.update(decompose(cfg, jobs, episodes, rng))
+        m.update(decompose(cfg, jobs, episodes, rng, classify))
     return m
 
 
-def decompose(cfg: Config, jobs: list[Job], episodes: list[Episode], rng: random.Random) -> dict[str, float]:
-    """Partner/agent split of the reward variance on the first rollout of a few of this step's tasks."""
+def decompose(cfg: Config, jobs: list[Job], episodes: list[Episode], rng: random.Random,
+              classify=None) -> dict[str, float]:
+    """Partner/agent split of the reward variance, within each task, on ``decompose_samples`` rollouts of
+    each of ``decompose_tasks`` of this step's tasks (their agent turns replayed against resampled
+    partners); with a classifier, also the partner's modal mass at those replayed states."""
     from .eval import nested_variance
 
     d = cfg.diagnostics
     binding = {id(j.episode): j.refs["partner"] for j in jobs}
     tasks = {j.episode.task_id: j.env.task for j in jobs}
-    firsts = [e for e in episodes if e.copy == 0 and not e.failed][:d.decompose_tasks]
+    groups: dict[str, list[Episode]] = {}
+    for e in episodes:
+        if not e.failed:
+            groups.setdefault(e.group_id, []).append(e)
+    firsts = [e for g in list(groups.values())[:d.decompose_tasks] for e in g[:d.decompose_samples]]
     v = nested_variance(firsts, tasks, jobs[0].refs["agent"].sampling, lambda e: binding[id(e)], cfg.env.name,
                         cfg.env.options, d.decompose_resamples, random.Random(rng.random()),
-                        max_context=cfg.rollout.max_context)
+                        max_context=cfg.rollout.max_context, classify=classify)
     return {f"collapse/{k}_var" if k in ("total", "partner", "agent") else f"collapse/{k}": val
             for k, val in v.items() if not math.isnan(val)}
 
@@ -294,6 +301,7 @@ def episode_metrics(episodes: list[Episode]) -> dict[str, float]:
         gen = [e.traces[role].n_generated for e in ok if role in e.traces]
         if gen:
             out[f"{role}_tokens_mean"] = float(np.mean(gen))
+        out[f"truncated_replies/{role}"] = sum(e.meta.get("truncated_replies", {}).get(role, 0) for e in episodes)
     vs = [v for e in episodes for v in e.meta.get("vs", [])]
     if vs:
         out["vs/fallback_frac"] = sum(v.get("fallback", False) for v in vs) / len(vs)

@@ -30,6 +30,20 @@ def test_variance_decomposition_known_cases():
     assert v["total"] == pytest.approx(0.1875)  # = the variance of all four rewards
 
 
+def test_variance_decomposition_is_conditional_on_the_task():
+    # one task always succeeds and the other always fails: that is neither the partner nor the agent
+    v = variance_decomposition({"easy": [[1, 1], [1, 1]], "hard": [[0, 0], [0, 0]]})
+    assert (v["partner"], v["agent"], v["total"]) == (0.0, 0.0, 0.0)
+    assert variance_decomposition([[1, 1], [1, 1], [0, 0], [0, 0]])["agent"] == 0.25  # pooled: mistaken for agent
+    # in task A only the agent's turns matter, in task B only the partner's: each part is averaged over tasks
+    v = variance_decomposition({"A": [[0, 0], [1, 1]], "B": [[0, 1], [0, 1]]})
+    assert v["partner"] == pytest.approx(0.125) and v["agent"] == pytest.approx(0.125)
+    assert v["partner_share"] == pytest.approx(0.5)
+    # a task with a single first-stage dialogue has no agent part, and does not dilute it
+    v = variance_decomposition({"A": [[0, 0], [1, 1]], "C": [[1, 1]]})
+    assert v["agent"] == pytest.approx(0.25) and v["partner"] == 0.0
+
+
 def test_similarity_measures():
     assert distinct_n(["a b a b"], 1) == 0.5
     assert distinct_n(["a b c", "d e f"], 2) == 1.0
@@ -45,15 +59,24 @@ def ep(gid, agent, partner, reward=0.0):
     return Episode(gid, gid, 0, messages=msgs, rewards={"agent": reward}, status="done")
 
 
-def test_behaviour_modal_mass_at_visited_states():
+def test_behaviour_modal_mass_at_the_same_dialogue_state():
     eps = [ep("g", ["hi", "give?"], ["Why?", "Okay [DONATE $1]"]),
-           ep("g", ["hi", "give?"], ["Why?", "No, I won't."]),
+           ep("g", ["hi", "give?"], ["Why?", "No, I will not."]),
            ep("g", ["hi", "give?"], ["Why?", "But is it real?"]),
            ep("h", ["hi"], ["Hello there"])]  # a state visited once is not counted
     b = behaviour_stats(eps, p4g_behaviour)
-    # states (g,0): question x3 -> 1.0; (g,1): donate/refuse/push_back -> 1/3
-    assert b["modal_mass"] == pytest.approx((1.0 + 1 / 3) / 2)
+    # states (g, [hi]): question x3 -> 1.0; (g, [hi, Why?, give?]): donate/refuse/push_back -> 1/3
+    assert b["modal_mass"] == pytest.approx((1.0 + 1 / 3) / 2) and b["states"] == 2
     assert b["class/question"] == pytest.approx(3 / 7) and b["class/donate"] == pytest.approx(1 / 7)
+    # the same turn index after different histories is not the same state: nothing is compared there
+    eps = [ep("g", ["hi", "give?"], ["Why?", "Okay [DONATE $1]"]),
+           ep("g", ["hello", "give?"], ["Why?", "No, I will not."])]
+    b = behaviour_stats(eps, p4g_behaviour)
+    assert "modal_mass" not in b and b["states"] == 0
+    eps = [ep("g", ["hi", "give?"], ["Why?", "Okay [DONATE $1]"]),
+           ep("g", ["hi", "give?"], ["Why not?", "Okay [DONATE $2]"])]
+    b = behaviour_stats(eps, p4g_behaviour)  # the first turns share a state; the second turns do not
+    assert b["states"] == 1 and b["modal_mass"] == 1.0
     s = group_similarity(eps, "agent")
     assert s["self_bleu"] == pytest.approx(1.0)
 
@@ -145,7 +168,7 @@ def test_training_evaluates_the_panel_and_keeps_the_best(tmp_path):
     ms = read_metrics(str(tmp_path / "run"))
     for m in ms:
         for k in ("eval/panel_mean", "eval/panel_std", "eval/seen_mean", "eval/unseen_mean",
-                  "eval/partner/seen-p", "eval/partner/unseen-p", "agent_self_bleu", "partner_behaviour/modal_mass"):
+                  "eval/partner/seen-p", "eval/partner/unseen-p", "agent_self_bleu", "partner_behaviour/states"):
             assert k in m, k
         assert m["eval/panel_mean"] == pytest.approx((m["eval/partner/seen-p"] + m["eval/partner/unseen-p"]) / 2)
     best = json.load(open(tmp_path / "run" / "best" / "best.json"))
@@ -173,7 +196,7 @@ def test_diagnose_command(tmp_path):
                         "--resamples", "2", "--out", str(out)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     d = json.load(open(out))
-    assert 0 <= d["behaviour"]["modal_mass"] <= 1
+    assert 0 <= d["modal_mass"] <= 1 and d["behaviour"]["states"] >= 0
     v = d["variance"]
     assert v["total"] == pytest.approx(v["partner"] + v["agent"])
 
@@ -192,3 +215,4 @@ def test_training_logs_the_variance_decomposition(tmp_path):
     for m in read_metrics(str(tmp_path / "run")):
         assert m["collapse/total_var"] == pytest.approx(m["collapse/partner_var"] + m["collapse/agent_var"])
         assert m["collapse/partner_var"] >= 0 and m["collapse/agent_var"] >= 0
+        assert m["collapse/tasks"] == 2 and 0 <= m["collapse/modal_mass"] <= 1

@@ -91,5 +91,30 @@ def test_cut_off_turn_ends_episode_as_truncated(smol_tokenizer):
               refs={"agent": ScriptedRef(tok, AGENT, cut_off={1}), "partner": ScriptedRef(tok, PARTNER)})
     sp = {"agent": SamplingParams(max_new_tokens=64), "partner": SamplingParams(max_new_tokens=64)}
     eps, _ = run_rollouts([job], sp, end_on_truncation=True)
-    assert eps[0].status == "truncated"
+    assert eps[0].status == "truncated" and eps[0].meta["truncated_replies"] == {"agent": 1}
     assert eps[0].traces["agent"].n_turns == 2
+    from scope.train import episode_metrics
+
+    m = episode_metrics(eps)
+    assert m["truncated_replies/agent"] == 1 and m["truncated_replies/partner"] == 0 and m["status/truncated"] == 1.0
+
+
+def test_truncation_is_handled_alike_in_training_and_evaluation(smol_tokenizer):
+    """The panel evaluation ends a cut-off episode as training does, and counts it per partner."""
+    from scope.eval import evaluate, load_panel
+    from scope.partners.sources import Binding
+
+    class Refs(dict):
+        def __missing__(self, k):
+            raise KeyError(k)
+
+    tok = smol_tokenizer
+    panel = load_panel({"partners": [{"id": "p", "model": "m", "seen": True}], "episodes": 2})
+    agent = Binding("a", ScriptedRef(tok, AGENT, cut_off={0, 1, 2, 3}), SamplingParams(max_new_tokens=64))
+    refs = Refs(m=ScriptedRef(tok, PARTNER))
+    for end in (True, False):
+        agent.n = 0
+        res = evaluate(agent, panel, refs, "p4g", {"max_turns": 2}, "test", end_on_truncation=end)
+        assert res["per_partner"]["p"]["truncated"] == (2 if end else 0)
+        assert ({e["status"] for e in res["episodes"]} == {"truncated"}) == end
+        assert all(e["meta"]["truncated_replies"]["agent"] >= 1 for e in res["episodes"])
