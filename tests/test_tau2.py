@@ -141,6 +141,8 @@ def test_write_tools_refuse_ill_typed_arguments_and_change_nothing(root):
                                  {**base, "total_baggages": -1, "nonfree_baggages": 0}, "at least 0")
     assert_refused_and_unchanged("airline", a, "update_reservation_baggages",
                                  {**base, "total_baggages": "2", "nonfree_baggages": 0}, "expected a number")
+    assert_refused_and_unchanged("airline", a, "update_reservation_baggages",  # tau2 would store 2.0 as given
+                                 {**base, "total_baggages": 2.0, "nonfree_baggages": 0}, "whole number")
     assert_refused_and_unchanged("airline", a, "update_reservation_passengers",
                                  {"reservation_id": rid, "passengers": [{"first_name": "A", "last_name": "B",
                                                                          "dob": None}]}, "dob: expected a string")

@@ -16,6 +16,7 @@ from typing import Any, Sequence
 import torch
 
 from ..types import Completion, SamplingParams
+from . import MODEL_BUILDERS
 from . import attention as _attention
 
 
@@ -685,19 +686,6 @@ def char_tokenizer():
     tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>"]})
     tok.chat_template = CHATML
     return tok
-
-
-MODEL_BUILDERS: dict[str, Any] = {}
-"""``prefix -> build(name, options) -> checkpoint directory``: models that scope makes itself, named
-``prefix:name`` in ``models.<m>.path`` (the collapse lab's models are ``lab:...``)."""
-
-
-def register_model_builder(prefix: str):
-    def deco(fn):
-        MODEL_BUILDERS[prefix] = fn
-        return fn
-
-    return deco
 
 
 def _builder(spec: str):

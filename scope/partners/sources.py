@@ -74,10 +74,22 @@ class RotationSource:
         self.counter = sd["counter"]
 
 
+PERSONA_POOLS: dict[str, Any] = {}
+"""Named persona pools (``personas: <name>``): a function returning [{id, text}]; environments add theirs."""
+
+
+def register_persona_pool(name: str, load) -> None:
+    PERSONA_POOLS[name] = load
+
+
 def load_personas(spec: str) -> list[dict[str, str]]:
+    """A persona pool: ``builtin`` (12 manners), a registered name (``lab``), or a JSON file of {id, text}."""
+    if spec in PERSONA_POOLS:
+        return PERSONA_POOLS[spec]()
     path = BUILTIN_PERSONAS if spec == "builtin" else spec
     if not os.path.exists(path):
-        raise FileNotFoundError(f"persona pool {path!r} not found")
+        raise FileNotFoundError(f"persona pool {path!r} not found (builtin, {', '.join(PERSONA_POOLS)} "
+                                f"or a JSON file of [{{id, text}}])")
     with open(path) as f:
         data = json.load(f)
     if not isinstance(data, list) or not data or not all(isinstance(p, dict) and p.get("id") and p.get("text")

@@ -30,8 +30,14 @@ class Tool:
     fn: Callable[..., Any]
 
     def schema(self) -> dict[str, Any]:
+        """The JSON schema shown to the agent (without scope's own checking hints)."""
+        def shown(x):
+            if isinstance(x, dict):
+                return {k: shown(v) for k, v in x.items() if k != "whole"}
+            return [shown(v) for v in x] if isinstance(x, list) else x
+
         return {"name": self.name, "description": self.description,
-                "parameters": {"type": "object", "properties": self.params, "required": self.required}}
+                "parameters": {"type": "object", "properties": shown(self.params), "required": self.required}}
 
 
 S = {"type": "string"}
@@ -617,6 +623,9 @@ FLIGHTS = {"type": "array", "items": {"type": "object", "properties": {"flight_n
 PASSENGERS = {"type": "array", "items": {"type": "object", "properties": {"first_name": S, "last_name": S, "dob": S},
                                          "required": ["first_name", "last_name", "dob"]}}
 COUNT = {"type": "integer", "minimum": 0}
+STRICT_COUNT = {"type": "integer", "minimum": 0, "whole": True}
+"""tau2 stores update_reservation_baggages' counts as given (2.0 stays a float and fails the DB check),
+while book_reservation's model makes 2.0 an int: scope refuses a float there, and so grades it as tau2."""
 PAYMENTS = {"type": "array", "items": {"type": "object", "properties": {"payment_id": S, "amount": COUNT},
                                        "required": ["payment_id", "amount"]}}
 CABIN = {"type": "string", "enum": list(CABINS)}
@@ -647,7 +656,8 @@ AIRLINE_TOOLS = [
          "user asks for one or the issue cannot be solved with the tools and policy.", {"summary": S}, ["summary"],
          _transfer),
     Tool("update_reservation_baggages", "write", "Update the baggage numbers of a reservation. Ask the user for "
-         "explicit confirmation first.", {"reservation_id": S, "total_baggages": COUNT, "nonfree_baggages": COUNT,
+         "explicit confirmation first.", {"reservation_id": S, "total_baggages": STRICT_COUNT,
+                                          "nonfree_baggages": STRICT_COUNT,
                                           "payment_id": S},
          ["reservation_id", "total_baggages", "nonfree_baggages", "payment_id"], a_update_reservation_baggages),
     Tool("update_reservation_flights", "write", "Update the flights of a reservation: give every flight of the "
@@ -681,7 +691,7 @@ def check_value(v: Any, schema: dict[str, Any], where: str) -> Any:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not math.isfinite(v)):
             raise ToolError(f"{where}: expected a number, got {_typename(v)} {v!r}"[:200])
         if t == "integer":
-            if isinstance(v, float) and not v.is_integer():
+            if isinstance(v, float) and (schema.get("whole") or not v.is_integer()):
                 raise ToolError(f"{where}: expected a whole number, got {v!r}")
             v = int(v)
         else:

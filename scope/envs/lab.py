@@ -1,0 +1,170 @@
+"""The collapse lab (``env.name: lab``): a small sales dialogue in which simulator collapse is dialled in.
+
+A customer (the partner, a user simulator) needs one of four plans; the shop assistant (the agent)
+does not know which. The agent can ask what the customer needs (the customer says it) and then offer
+the matching plan, or offer a plan at once. The customer answers an offer with ``[YES]`` or ``[NO]``;
+either ends the dialogue. The agent has ``max_turns`` (2) turns. Reward: ``discount ** (t - 1)`` when
+the customer accepts after the agent's t-th turn (1.0 at once, 0.7 after asking), else 0.
+
+What a real customer does: says what it needs when asked, accepts the plan it needs and turns down
+the others. Then asking first is the only good strategy (0.7, against 1/4 for a blind offer). What a
+collapsed simulator does: its dominant reply to an offer made before it was asked is "yes", whatever
+the plan (with probability ``collapse``), so a blind offer pays almost 1.0 against it: the shortcut.
+The simulators are small language models trained on corpora that encode these behaviours
+(``scope/lab/``); the collapse strength is an option of the training simulator's model
+(``models.<m>.options.collapse``), so the lab runs through the same engine, learner and panels as any
+other environment.
+
+The agent's prompt is the same for every task (the need is only in the customer's prompt), so one
+policy serves all tasks. Tasks are need x customer name; train and test tasks have different names.
+"""
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from ..types import Task
+from .base import Env, register_env
+
+NEEDS = ("cheap", "fast", "safe", "green")
+PLANS = {"cheap": "basic", "fast": "turbo", "safe": "secure", "green": "eco"}
+NAMES = ("Ada", "Ben", "Cleo", "Dan", "Eve", "Finn", "Gus", "Hana", "Ivo", "Jill", "Kai", "Lena")
+TEST_NAMES = NAMES[-4:]
+
+AGENT_PROMPT = ("You are a shop assistant. The customer needs one of four plans: the basic plan (cheap), the "
+                "turbo plan (fast), the secure plan (safe) or the eco plan (green). Find the plan the customer "
+                "needs and offer it.")
+OPENING = "[a customer walks in]"
+CUSTOMER_PROMPT = "You are {name}, a customer in a shop. You want a plan that is {need}."
+ACCEPT, REFUSE = "[YES]", "[NO]"
+
+# ---- what the two sides say -------------------------------------------------------------------
+ASK = ("what do you need ?", "what matters most to you ?", "tell me what you are looking for .")
+PITCH = ("try the {plan} plan , it is {need} .", "the {plan} plan is the {need} one .",
+         "i suggest the {plan} plan , it is {need} .")
+CHAT = ("hello , welcome to the shop !", "nice to see you today .", "good morning !")
+
+STYLES: dict[str, dict[str, tuple[str, ...]]] = {
+    "plain": {
+        "reveal": ("i need something {need} .", "i want a plan that is {need} .", "{need} matters most to me ."),
+        "accept": ("great , i will take it . " + ACCEPT, "sounds good to me . " + ACCEPT),
+        "refuse": ("no thanks , that is not what i need . " + REFUSE, "not for me , sorry . " + REFUSE),
+        "refuse_unasked": ("you did not even ask what i need . " + REFUSE, "please ask me first . " + REFUSE),
+        "filler": ("hi . i am looking for a plan .", "hello . can you help me ?"),
+    },
+    "terse": {
+        "reveal": ("{need} .", "{need} , please .", "just {need} ."),
+        "accept": ("ok . " + ACCEPT, "fine . " + ACCEPT),
+        "refuse": ("no . " + REFUSE, "nope . " + REFUSE),
+        "refuse_unasked": ("ask first . " + REFUSE, "no . ask me . " + REFUSE),
+        "filler": ("hi .", "yes ?"),
+    },
+    "verbose": {
+        "reveal": ("well , to be honest , what i care about most is a plan that is {need} .",
+                   "let me think ... i would really like something {need} , that is the main thing .",
+                   "for me it has to be {need} , everything else is less important ."),
+        "accept": ("oh , that sounds exactly right , i will gladly take it . " + ACCEPT,
+                   "yes , that is what i was hoping for , thank you . " + ACCEPT),
+        "refuse": ("hmm , no , i am afraid that is really not what i need . " + REFUSE,
+                   "thank you , but that plan does not fit what i am looking for . " + REFUSE),
+        "refuse_unasked": ("hold on , you have not even asked me what i need yet . " + REFUSE,
+                           "i would rather you asked me what i need before you sell me something . " + REFUSE),
+        "filler": ("hello there , i am hoping to find a plan today .", "good day , i could use some help ."),
+    },
+}
+
+PERSONAS = (  # the lab's persona pool (partner.source: persona, personas: lab); each names the rule it asks for
+    {"id": "careful", "rule": "careful", "text": "You only accept a plan that fits your need."},
+    {"id": "strict", "rule": "strict", "text": "You turn down any offer made before you are asked what you need."},
+    {"id": "picky", "rule": "careful", "text": "You are picky: a plan that is not what you want gets a no."},
+    {"id": "wary", "rule": "strict", "text": "You are wary of salespeople who do not ask about your needs."},
+    {"id": "easygoing", "rule": "agreeable", "text": "You are easygoing and say yes to most offers."},
+)
+
+
+def need_of(text: str) -> str | None:
+    """The need a reply names (the first of them), if any."""
+    words = text.lower().replace(",", " ").replace(".", " ").split()
+    return next((w for w in words if w in NEEDS), None)
+
+
+def plan_of(text: str) -> str | None:
+    """The need of the plan an offer names (the first plan named), if any."""
+    words = text.lower().replace(",", " ").replace(".", " ").split()
+    by_plan = {p: n for n, p in PLANS.items()}
+    return next((by_plan[w] for w in words if w in by_plan), None)
+
+
+def classify_reply(text: str) -> str:
+    """The customer's behaviour: accept, refuse, reveal (names a need) or other."""
+    if ACCEPT in text:
+        return "accept"
+    if REFUSE in text:
+        return "refuse"
+    return "reveal" if need_of(text) else "other"
+
+
+@register_env("lab")
+class CollapseLab(Env):
+    roles = ("agent", "partner")
+
+    def __init__(self, task: Task, rng: random.Random, max_turns: int = 2, discount: float = 0.7, **_: Any):
+        super().__init__(task, rng)
+        if max_turns < 1 or not 0 < discount <= 1:
+            raise ValueError("lab: max_turns must be at least 1 and discount in (0, 1]")
+        self.max_turns, self.discount = max_turns, discount
+        self.accepted_at: int | None = None
+        self.views["agent"] = [{"role": "system", "content": AGENT_PROMPT}, {"role": "user", "content": OPENING}]
+        self.views["partner"] = [{"role": "system", "content": CUSTOMER_PROMPT.format(**task.data)}]
+        self.meta.update(need=task.data["need"])
+
+    def next_role(self) -> str | None:
+        if self.done:
+            return None
+        return "agent" if self.turns["agent"] == self.turns["partner"] else "partner"
+
+    def on_reply(self, role: str, text: str) -> None:
+        self.turns[role] += 1
+        self.say(role, text)
+        if role == "agent":
+            return
+        kind = classify_reply(text)
+        if kind == "accept":
+            self.accepted_at = self.turns["agent"]
+            self.meta["offer"] = plan_of(self.transcript[-2]["content"])
+            self.finish("accepted")
+        elif kind == "refuse":
+            self.finish("refused")
+        elif self.turns["agent"] >= self.max_turns:
+            self.finish("max_turns")
+
+    def rewards(self) -> dict[str, float]:
+        r = 0.0 if self.accepted_at is None else self.discount ** (self.accepted_at - 1)
+        return {"agent": r, "partner": r}
+
+    @classmethod
+    def load_tasks(cls, split: str, **_: Any) -> list[Task]:
+        if split not in ("train", "test", "all"):
+            raise ValueError(f"lab: split must be train, test or all, not {split!r}")
+        names = [n for n in NAMES if split == "all" or (n in TEST_NAMES) == (split == "test")]
+        return [Task(id=f"lab/{need}/{name}", split=split, data={"need": need, "name": name})
+                for name in names for need in NEEDS]
+
+
+def _build_model(name: str, options: dict) -> str:
+    from ..lab.models import build
+
+    return build(name, options)
+
+
+def _register() -> None:
+    from ..diagnostics import register_classifier
+    from ..models import register_model_builder
+    from ..partners.sources import register_persona_pool
+
+    register_classifier("lab")(classify_reply)
+    register_persona_pool("lab", lambda: [{"id": p["id"], "text": p["text"]} for p in PERSONAS])
+    register_model_builder("lab")(_build_model)
+
+
+_register()
