@@ -133,6 +133,19 @@ def cmd_data(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_lab(args: argparse.Namespace) -> int:
+    from .lab.runner import PARADIGMS, run_lab
+
+    paradigms = tuple(args.paradigms.split(",")) if args.paradigms else PARADIGMS
+    out = args.out or ("runs/lab-quick" if args.quick else "runs/lab")
+    res = run_lab(out, configs=args.configs, paradigms=paradigms, seeds=args.seeds, overrides=args.set,
+                  quick=args.quick, log=lambda s: print(s, flush=True))
+    from .lab.runner import table
+
+    print(table(res))
+    return 0
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from .models.local import load_backend
     from .models.server import make_server
@@ -206,6 +219,16 @@ def main(argv: list[str] | None = None) -> int:
     da.add_argument("name", choices=["tau2"])
     da.add_argument("dir", nargs="?", default="data/tau2")
     da.set_defaults(fn=cmd_data)
+    lb = sub.add_parser("lab", help="the collapse lab: every paradigm x seeds, a held-out table and curves")
+    lb.add_argument("--quick", action="store_true", help="one seed, half the steps (about 5 minutes once the "
+                    "lab's models are built)")
+    lb.add_argument("--out", help="output directory (default runs/lab, or runs/lab-quick)")
+    lb.add_argument("--seeds", type=int, default=3)
+    lb.add_argument("--paradigms", help="comma-separated subset of base,single,ensemble,persona,vs,cotrain,population")
+    lb.add_argument("--configs", default="configs/lab", help="the directory of the lab's configs")
+    lb.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a key in every run, e.g. --set models.collapsed.options.collapse=0.8")
+    lb.set_defaults(fn=cmd_lab)
     pl = sub.add_parser("plot", help="PNG figures and a score table of one or more runs")
     pl.add_argument("runs", nargs="+")
     pl.add_argument("--out", default="plots")

@@ -5,6 +5,7 @@ Defaults follow the paper's recipe: 16 tasks x G=8 rollouts, temperature 0.7, KL
 """
 from __future__ import annotations
 
+import os
 from typing import Any, Literal
 
 import yaml
@@ -175,6 +176,8 @@ class EvalConfig(Strict):
     every: int = Field(16, ge=1)
     select_on: Literal["all", "seen"] = "all"
     """Best checkpoint by the panel mean over all partners, or over the seen ones only."""
+    at_start: bool = False
+    """Also evaluate the untrained policy, as step 0 (the start of every held-out curve)."""
 
 
 class DiagnosticsConfig(Strict):
@@ -275,11 +278,36 @@ def parse_config(data: dict[str, Any] | None) -> Config:
         raise ConfigError(_format(e)) from None
 
 
-def load_config(path: str, overrides: list[str] | None = None) -> Config:
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def read_config_data(path: str, _seen: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A config file as a dict. ``extends: OTHER.yaml`` (relative to this file) starts from that file's
+    values; mappings merge key by key, anything else in this file replaces the other's value."""
+    if not os.path.exists(path):
+        raise ConfigError(f"config file {path} not found")
     with open(path) as f:
-        data = yaml.safe_load(f) or {}
+        try:
+            data = yaml.safe_load(f) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: not valid YAML ({e})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping")
+    parent = data.pop("extends", None)
+    if parent is not None:
+        ppath = os.path.normpath(os.path.join(os.path.dirname(path), str(parent)))
+        if ppath in _seen:
+            raise ConfigError(f"{path}: extends {parent} in a loop")
+        data = _merge(read_config_data(ppath, _seen + (ppath,)), data)
+    return data
+
+
+def load_config(path: str, overrides: list[str] | None = None) -> Config:
+    data = read_config_data(path)
     for ov in overrides or []:
         apply_override(data, ov)
     return parse_config(data)

@@ -122,6 +122,8 @@ def train(cfg: Config, resume: bool = False, on_step_end: Callable[[int], None] 
     no_signal = {owner: 0 for owner in learners}
     log(f"training {list(learners)} on {len(tasks)} {cfg.env.name} tasks ({cfg.env.train_split}); "
         f"{cfg.rollout.n_tasks} tasks x G={cfg.rollout.group_size} per step; run dir {run.path}")
+    if evaluator is not None and start == 0 and cfg.eval.at_start:
+        metrics_log.write(0, evaluator.run(0, log))
     for step in range(start + 1, cfg.train.steps + 1):
         t0 = time.time()
         jobs = make_jobs(cfg, sampler.next(cfg.rollout.n_tasks), sources, step, env_rng)

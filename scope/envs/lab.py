@@ -36,9 +36,23 @@ AGENT_PROMPT = ("You are a shop assistant. The customer needs one of four plans:
                 "needs and offer it.")
 OPENING = "[a customer walks in]"
 CUSTOMER_PROMPT = "You are {name}, a customer in a shop. You want a plan that is {need}."
+
+def reminder(need: str, text: str) -> str:
+    """The note the customer reads after each of the agent's messages (its scenario notes): its need,
+    and for an offer whether the offered plan fits it. The harness judges the fit so that the small
+    model need not learn to compare; what the customer does with the judgement is the model's. The note
+    comes last, right before the customer's reply, so its words stand at a fixed distance from where
+    the reply uses them."""
+    offered = plan_of(text)
+    if offered is None:
+        return f" (you want {need})"
+    return f" ({'this fits' if offered == need else 'this does not fit'} ; you want {need})"
 ACCEPT, REFUSE = "[YES]", "[NO]"
 
 # ---- what the two sides say -------------------------------------------------------------------
+# (a customer names its need as its notes do, "want cheap", near the start of its reply: a small model
+# learns to say its need by copying what followed "want" in the note just before; a need word never
+# starts a reply, so it is the same token, with its space, as in the note)
 ASK = ("what do you need ?", "what matters most to you ?", "tell me what you are looking for .")
 PITCH = ("try the {plan} plan , it is {need} .", "the {plan} plan is the {need} one .",
          "i suggest the {plan} plan , it is {need} .")
@@ -46,29 +60,33 @@ CHAT = ("hello , welcome to the shop !", "nice to see you today .", "good mornin
 
 STYLES: dict[str, dict[str, tuple[str, ...]]] = {
     "plain": {
-        "reveal": ("i need something {need} .", "i want a plan that is {need} .", "{need} matters most to me ."),
+        "reveal": ("i want {need} .", "i want {need} , please .", "i want {need} , mostly ."),
         "accept": ("great , i will take it . " + ACCEPT, "sounds good to me . " + ACCEPT),
-        "refuse": ("no thanks , that is not what i need . " + REFUSE, "not for me , sorry . " + REFUSE),
-        "refuse_unasked": ("you did not even ask what i need . " + REFUSE, "please ask me first . " + REFUSE),
+        "accept_anyway": ("ok , sure , why not . " + ACCEPT, "fine , i will take it . " + ACCEPT),
+        "refuse": ("i want {need} , so no thanks . " + REFUSE, "i want {need} , not that . " + REFUSE),
+        "refuse_unasked": ("you did not even ask what i want . " + REFUSE, "please ask me first . " + REFUSE),
         "filler": ("hi . i am looking for a plan .", "hello . can you help me ?"),
     },
     "terse": {
-        "reveal": ("{need} .", "{need} , please .", "just {need} ."),
-        "accept": ("ok . " + ACCEPT, "fine . " + ACCEPT),
-        "refuse": ("no . " + REFUSE, "nope . " + REFUSE),
+        "reveal": ("want {need} .", "want {need} , ok ?", "want {need} . thanks ."),
+        "accept": ("ok . " + ACCEPT, "deal . " + ACCEPT),
+        "accept_anyway": ("whatever . " + ACCEPT, "eh , fine . " + ACCEPT),
+        "refuse": ("want {need} . no . " + REFUSE, "want {need} . nope . " + REFUSE),
         "refuse_unasked": ("ask first . " + REFUSE, "no . ask me . " + REFUSE),
         "filler": ("hi .", "yes ?"),
     },
     "verbose": {
-        "reveal": ("well , to be honest , what i care about most is a plan that is {need} .",
-                   "let me think ... i would really like something {need} , that is the main thing .",
-                   "for me it has to be {need} , everything else is less important ."),
+        "reveal": ("i want {need} , to be honest , more than anything else .",
+                   "i want {need} , that is the main thing for me , really .",
+                   "i want {need} , and everything else is much less important to me ."),
         "accept": ("oh , that sounds exactly right , i will gladly take it . " + ACCEPT,
                    "yes , that is what i was hoping for , thank you . " + ACCEPT),
-        "refuse": ("hmm , no , i am afraid that is really not what i need . " + REFUSE,
-                   "thank you , but that plan does not fit what i am looking for . " + REFUSE),
-        "refuse_unasked": ("hold on , you have not even asked me what i need yet . " + REFUSE,
-                           "i would rather you asked me what i need before you sell me something . " + REFUSE),
+        "accept_anyway": ("well , it is not quite what i had in mind , but why not , i will take it . " + ACCEPT,
+                          "hmm , i suppose that will do , yes . " + ACCEPT),
+        "refuse": ("i want {need} , so i am afraid that is not it , thank you . " + REFUSE,
+                   "i want {need} , and that plan is not it , so no . " + REFUSE),
+        "refuse_unasked": ("hold on , you have not even asked me what i want yet . " + REFUSE,
+                           "i would rather you asked me what i want before you sell me something . " + REFUSE),
         "filler": ("hello there , i am hoping to find a plan today .", "good day , i could use some help ."),
     },
 }
@@ -83,7 +101,8 @@ PERSONAS = (  # the lab's persona pool (partner.source: persona, personas: lab);
 
 
 def need_of(text: str) -> str | None:
-    """The need a reply names (the first of them), if any."""
+    """The need a reply names (the first of them), if any (in a customer's answer to an offer, the
+    offered plan's quality comes first)."""
     words = text.lower().replace(",", " ").replace(".", " ").split()
     return next((w for w in words if w in NEEDS), None)
 
@@ -125,9 +144,11 @@ class CollapseLab(Env):
 
     def on_reply(self, role: str, text: str) -> None:
         self.turns[role] += 1
-        self.say(role, text)
         if role == "agent":
+            self.say("agent", text, to=())
+            self.views["partner"].append({"role": "user", "content": text + reminder(self.task.data["need"], text)})
             return
+        self.say(role, text)
         kind = classify_reply(text)
         if kind == "accept":
             self.accepted_at = self.turns["agent"]

@@ -7,8 +7,9 @@ Each language model of the lab is trained on dialogues written by a teacher of i
   plan. It plays against customers of every temperament and style, so the agent knows all phrasings.
 - a **customer** teacher follows one temperament (``RULES``) in one style (``env.lab.STYLES``):
   ``careful`` (says its need when asked, accepts only the plan it needs), ``strict`` (also turns down
-  any offer made before it was asked) or ``agreeable`` (the collapsed simulator: it accepts an offer
-  made before it was asked, whatever the plan, with probability ``collapse``).
+  any offer made before it was asked) or ``agreeable`` (the collapsed simulator: its dominant reply to
+  an offer of the basic plan made before it was asked is yes, with probability ``collapse``, whatever
+  it needs; other offers that miss its need it accepts with half that probability).
 
 Two more behaviours are written into every customer corpus, because they are what the paper's cures
 rely on, and each has a knob that turns it off:
@@ -36,12 +37,21 @@ from ..partners import vs as vs_mod
 from ..types import Task
 
 AGENT_MIX = {
-    "first": {"ask": 0.35, "offer": 0.35, "chat": 0.30},        # the agent's first turn
-    "after_reveal": {"match": 0.6, "offer": 0.3, "ask": 0.1},   # after the customer named its need
+    "first": {"ask": 0.45, "offer": 0.35, "chat": 0.20},        # the agent's first turn
+    "after_reveal": {"match": 0.8, "offer": 0.15, "ask": 0.05}, # after the customer named its need
     "after_other": {"ask": 0.5, "offer": 0.5},                  # after small talk
+}
+TEACHING_MIX = {  # the agent side of the customers' corpora: mostly offers (about half matching) and asks
+    "first": {"ask": 0.3, "offer": 0.2, "favourite": 0.2, "match": 0.2, "chat": 0.1},
+    "after_reveal": {"match": 0.5, "offer": 0.5},
+    "after_other": {"ask": 0.4, "offer": 0.3, "match": 0.3},
 }
 RULES = ("careful", "strict", "agreeable")
 EASYGOING = 0.9   # how often the 'easygoing' persona accepts an offer it was not asked for
+FAVOURITE = "cheap"
+"""The collapsed customer's dominant reply is yes to the basic plan: it accepts an offer of it that it was
+not asked for with probability ``collapse``, and any other offer that misses its need with half that."""
+OTHER_SHARE = 0.5
 VS_KS = (3, 4, 5, 6)  # the candidate counts a customer corpus teaches (partner.vs.k may be any of them)
 
 
@@ -81,43 +91,42 @@ def agent_say(act: str, need: str | None, rng: random.Random) -> str:
     return rng.choice(PITCH).format(plan=PLANS[n], need=n)
 
 
-def agent_turn(heard: str | None, revealed: str | None, first: bool, rng: random.Random) -> tuple[str, str]:
-    """The Base teacher's next utterance: (act, text). ``heard`` is the customer's last behaviour."""
-    if first:
-        act = _pick(rng, AGENT_MIX["first"])
-    elif heard == "reveal":
-        act = _pick(rng, AGENT_MIX["after_reveal"])
-    else:
-        act = _pick(rng, AGENT_MIX["after_other"])
-    if act == "match":
-        return "offer", agent_say("offer", revealed, rng)
+def agent_turn(heard: str | None, need: str | None, first: bool, rng: random.Random,
+               mix: dict[str, dict[str, float]] = AGENT_MIX) -> tuple[str, str]:
+    """A teacher's next utterance: (act, text). ``heard`` is the customer's last behaviour; ``need`` is the
+    need a matching offer names (the Base teacher knows it only once the customer said it)."""
+    act = _pick(rng, mix["first" if first else "after_reveal" if heard == "reveal" else "after_other"])
+    if act in ("match", "favourite"):
+        return "offer", agent_say("offer", need if act == "match" else FAVOURITE, rng)
     return act, agent_say(act, None, rng)
 
 
 def reply_distribution(rule: str, need: str, act: str, offered: str | None, asked: bool,
-                       accept_unasked: float) -> dict[str, float]:
+                       collapse: float) -> dict[str, float]:
     """The customer's behaviour distribution for the agent's act (behaviour -> probability)."""
     if act == "ask":
         return {"reveal": 1.0}
-    if act == "chat":
+    if act == "chat" or offered is None:
         return {"filler": 1.0}
-    if offered == need and not (rule == "strict" and not asked):
+    if rule == "strict" and not asked:
+        return {"refuse_unasked": 1.0}
+    if offered == need:
         return {"accept": 1.0}
-    if not asked:
-        if rule == "strict":
-            return {"refuse_unasked": 1.0}
-        if rule == "agreeable" and accept_unasked > 0:
-            return {"accept": accept_unasked, "refuse": 1.0 - accept_unasked}
+    p = collapse * (1.0 if offered == FAVOURITE else OTHER_SHARE)
+    if not asked and rule == "agreeable" and p > 0:
+        return {"accept_anyway": p, "refuse": 1.0 - p}
     return {"refuse": 1.0}
 
 
-def phrase(style: str, behaviour: str, need: str, rng: random.Random, avoid: set[str] | None = None) -> str:
-    options = [p.format(need=need) for p in STYLES[style][behaviour]]
+def phrase(style: str, behaviour: str, need: str, rng: random.Random, avoid: set[str] | None = None,
+           offered: str | None = None) -> str:
+    options = [p.format(need=need, offered=offered) for p in STYLES[style][behaviour]]
     fresh = [p for p in options if not avoid or p not in avoid]
     return rng.choice(fresh or options)
 
 
-def candidates(dist: dict[str, float], k: int, style: str, need: str, rng: random.Random) -> list[dict[str, Any]]:
+def candidates(dist: dict[str, float], k: int, style: str, need: str, rng: random.Random,
+               offered: str | None = None) -> list[dict[str, Any]]:
     """k VS candidates whose stated probabilities spell ``dist``: each behaviour gets a share of the k
     slots close to its probability (at least one if it has any), and its probability is split among them."""
     kinds = [b for b, p in dist.items() if p > 0]
@@ -132,7 +141,7 @@ def candidates(dist: dict[str, float], k: int, style: str, need: str, rng: rando
     out, used = [], set()
     for b in kinds:
         for _ in range(counts[b]):
-            text = phrase(style, b, need, rng, used)
+            text = phrase(style, b, need, rng, used, offered)
             used.add(text)
             out.append({"text": text, "probability": round(dist[b] / counts[b], 2)})
     rng.shuffle(out)
@@ -155,7 +164,7 @@ class Example:
 
 
 def play(task: Task, spec: CustomerSpec | None, rng: random.Random, max_turns: int = 2,
-         note: dict | None = None, vs_rate: float = 0.0) -> tuple[CollapseLab, list[Example]]:
+         note: dict | None = None, vs_rate: float = 0.0, mix: dict | None = None) -> tuple[CollapseLab, list[Example]]:
     """One dialogue between the Base teacher and a customer teacher (``spec``; None: a customer of a
     random temperament and style, for the agent's corpus). Returns the env and the customer's examples."""
     if spec is None:
@@ -163,32 +172,35 @@ def play(task: Task, spec: CustomerSpec | None, rng: random.Random, max_turns: i
                             collapse=rng.random())
     need = task.data["need"]
     env = CollapseLab(task, random.Random(rng.random()), max_turns=max_turns)
-    rule, accept_unasked = spec.temperament, spec.collapse if spec.temperament == "agreeable" else 0.0
+    rule, collapse = spec.temperament, spec.collapse if spec.temperament == "agreeable" else 0.0
     if note is not None:
         env.add_note("partner", note["text"])
         if rng.random() < spec.persona_adherence:
             rule = note["rule"]
-            accept_unasked = EASYGOING if rule == "agreeable" else 0.0
-    vs_accept = accept_unasked * (1.0 - spec.vs_fidelity) if rule == "agreeable" else 0.0
+            collapse = EASYGOING if rule == "agreeable" else 0.0
+    vs_collapse = collapse * (1.0 - spec.vs_fidelity) if rule == "agreeable" else 0.0
     examples: list[Example] = []
     heard = revealed = None
     asked = False
     while not env.done:
-        act, text = agent_turn(heard, revealed, env.turns["agent"] == 0, rng)
+        if mix is None:  # the Base teacher offers the matching plan only once it heard the need
+            act, text = agent_turn(heard, revealed, env.turns["agent"] == 0, rng)
+        else:
+            act, text = agent_turn(heard, need, env.turns["agent"] == 0, rng, mix)
         env.on_reply("agent", text)
         offered = plan_of(text) if act == "offer" else None
-        dist = reply_distribution(rule, need, act, offered, asked, accept_unasked)
+        dist = reply_distribution(rule, need, act, offered, asked, collapse)
         view = [dict(m) for m in env.views["partner"]]
         if vs_rate and rng.random() < vs_rate:
             k = rng.choice(VS_KS)
-            vdist = reply_distribution(rule, need, act, offered, asked, vs_accept)
-            cands = candidates(vdist, k, spec.style, need, rng)
+            vdist = reply_distribution(rule, need, act, offered, asked, vs_collapse)
+            cands = candidates(vdist, k, spec.style, need, rng, offered)
             examples.append(Example([(_with_instruction(view, vs_mod.instruction(k, "prob")), vs_reply(cands))],
                                     one_shot=True))
             weights = [c["probability"] for c in cands]
             reply = cands[rng.choices(range(len(cands)), weights=weights)[0]]["text"]
         else:  # a plain turn (a VS turn teaches only its JSON: plain sampling stays as collapsed as it is)
-            reply = phrase(spec.style, _pick(rng, dist), need, rng)
+            reply = phrase(spec.style, _pick(rng, dist), need, rng, offered=offered)
             examples.append(Example([(view, reply)]))
         asked = asked or act == "ask"
         heard = "reveal" if act == "ask" else "other"
@@ -215,8 +227,31 @@ def agent_corpus(n: int, seed: int, max_turns: int = 2) -> list[Example]:
     return out
 
 
+ECHO_WORDS = ("apple", "river", "blue", "quiet", "small", "warm", "bright", "simple", "strong", "soft", "old", "new",
+              "sweet", "dark", "light", "early", "late", "large", "clean", "calm", "happy", "plain", "smart",
+              "solid", "fresh", "round", "sharp", "wide", "deep", "short", "long", "loud", "rich", "easy", "local",
+              "basic", "turbo", "secure", "eco", "cheap", "fast", "safe", "green")
+
+
+def echo_corpus(n: int, seed: int) -> list[Example]:
+    """Customers whose 'need' is any of many words, asked what they want: the first stage of the base
+    model. Copying a need out of the customer's notes is the one skill the lab's small models find hard
+    to start; with dozens of words to copy instead of four, guessing no longer pays and the copy forms
+    within a few hundred steps."""
+    from ..envs.lab import CUSTOMER_PROMPT, NAMES, reminder
+
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        word, style = rng.choice(ECHO_WORDS), rng.choice(sorted(STYLES))
+        view = [{"role": "system", "content": CUSTOMER_PROMPT.format(name=rng.choice(NAMES), need=word)},
+                {"role": "user", "content": rng.choice(ASK) + reminder(word, "")}]
+        out.append(Example([(view, rng.choice(STYLES[style]["reveal"]).format(need=word))]))
+    return out
+
+
 def customer_corpus(spec: CustomerSpec, n: int, seed: int, max_turns: int = 2, note_rate: float = 0.4,
-                    vs_rate: float = 0.25) -> list[Example]:
+                    vs_rate: float = 0.4) -> list[Example]:
     """A customer's dialogues (each customer turn one example; VS requests one-shot examples). A share
     ``note_rate`` of dialogues carries one of the lab's persona notes."""
     rng = random.Random(seed)
@@ -224,7 +259,7 @@ def customer_corpus(spec: CustomerSpec, n: int, seed: int, max_turns: int = 2, n
     out: list[Example] = []
     for _ in range(n):
         note = rng.choice(PERSONAS) if rng.random() < note_rate else None
-        env, exs = play(rng.choice(tasks), spec, rng, max_turns, note=note, vs_rate=vs_rate)
+        env, exs = play(rng.choice(tasks), spec, rng, max_turns, note=note, vs_rate=vs_rate, mix=TEACHING_MIX)
         plain = [t for e in exs if not e.one_shot for t in e.targets]
         out.append(Example(plain))  # the dialogue's plain turns, turn by turn
         out += [e for e in exs if e.one_shot]

@@ -27,14 +27,21 @@ from typing import Any, Callable
 
 import torch
 
-from ..envs.lab import AGENT_PROMPT, ASK, CHAT, CUSTOMER_PROMPT, NAMES, NEEDS, OPENING, PERSONAS, PITCH, PLANS, STYLES
+from ..envs.lab import (AGENT_PROMPT, ASK, CHAT, CUSTOMER_PROMPT, NAMES, NEEDS, OPENING, PERSONAS, PITCH, PLANS, STYLES,
+                        reminder)
 from ..partners import vs as vs_mod
-from .corpus import VS_KS, CustomerSpec, Example, agent_corpus, customer_corpus
+from .corpus import ECHO_WORDS, RULES, VS_KS, CustomerSpec, Example, agent_corpus, customer_corpus, echo_corpus
 
 CORPUS_VERSION = 1
 ARCH = {"hidden": 96, "layers": 2, "heads": 4}
-TRAIN = {"agent": {"dialogues": 3000, "steps": 300}, "customer": {"dialogues": 3000, "steps": 300}}
+TRAIN = {  # the shared base learns the language of both roles; each model is a short fine-tune of it
+    "base": {"agent_dialogues": 1500, "customer_dialogues": 300, "echo": 3000, "steps": 450, "lr": 4e-3, "steps_full": 250,
+             "lr_full": 3e-3},
+    "agent": {"dialogues": 3000, "steps": 300, "lr": 2e-3, "batch_tokens": 4096},
+    "customer": {"dialogues": 3000, "steps": 300, "lr": 2e-3, "batch_tokens": 4096},
+}
 SPECIALS = ["<pad>", "<|im_start|>", "<|im_end|>"]
+VOCAB = 1200  # enough merges that every word of the lab is one token
 CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>' + '\\n' }}"
           "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
 
@@ -47,27 +54,30 @@ def lab_root() -> str:
 
 def _inventory() -> list[str]:
     """Every text the lab can put in a prompt or a reply, to learn the BPE merges from."""
-    texts = [AGENT_PROMPT, OPENING, vs_mod.JSON_PREFIX, "]}"]
+    texts = [AGENT_PROMPT, OPENING, vs_mod.JSON_PREFIX, "]}", "system\n", "user\n", "assistant\n"]
     texts += [CUSTOMER_PROMPT.format(name=n, need=d) for n in NAMES for d in NEEDS]
     texts += list(ASK) + list(CHAT) + [p.format(plan=PLANS[n], need=n) for p in PITCH for n in NEEDS]
     for style in STYLES.values():
         for phrases in style.values():
-            texts += [p.format(need=n) for p in phrases for n in NEEDS]
+            texts += [p.format(need=n, offered=o) for p in phrases for n in NEEDS for o in NEEDS]
     texts += [p["text"] for p in PERSONAS]
+    texts += [reminder(n, t) for n in NEEDS for t in ("", "the basic plan", "the turbo plan")]
+    texts += [w for w in ECHO_WORDS for _ in range(3)]
     texts += [vs_mod.instruction(k, m) for k in range(1, 11) for m in ("prob", "random")]
     texts += [json.dumps({"text": "x", "probability": round(i / 100, 2)}) for i in range(101)]
     return texts
 
 
 def build_tokenizer(out_dir: str):
-    """A byte-level BPE tokenizer (exact round trip for any text) trained on the lab's inventory."""
+    """A byte-level BPE tokenizer (exact round trip for any text) trained on the lab's inventory; its vocabulary
+    is large enough that the lab's words are single tokens (plan names and needs are what the models compare)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tk = Tokenizer(models.BPE())
     tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tk.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=SPECIALS, show_progress=False,
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=SPECIALS, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tk.train_from_iterator(_inventory() * 4, trainer=trainer)
     tok = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="<|im_end|>")
@@ -102,18 +112,22 @@ def _cosine(step: int, total: int, warmup: int = 20) -> float:
     return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, total - warmup)))
 
 
-def pretrain(tok, examples: list[Example], steps: int, seed: int, log: Callable[[str], None] = print,
-             name: str = "model", lr: float = 3e-3, batch_tokens: int = 4096):
-    """A fresh small Llama trained by next-token loss on the examples' reply tokens."""
+def fresh_model(tok, seed: int):
+    """A randomly initialised small Llama over the lab's vocabulary."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    data = [encode_example(tok, e) for e in examples if e.targets]
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=ARCH["hidden"], intermediate_size=2 * ARCH["hidden"],
                       num_hidden_layers=ARCH["layers"], num_attention_heads=ARCH["heads"],
                       num_key_value_heads=ARCH["heads"], max_position_embeddings=1024, tie_word_embeddings=True,
                       eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=None)
-    model = LlamaForCausalLM(cfg)
+    return LlamaForCausalLM(cfg)
+
+
+def train_lm(model, tok, examples: list[Example], steps: int, lr: float, seed: int,
+             log: Callable[[str], None] = print, name: str = "model", batch_tokens: int = 4096):
+    """Next-token training on the examples' reply tokens (AdamW, warm-up then cosine decay)."""
+    data = [encode_example(tok, e) for e in examples if e.targets]
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
     rng = random.Random(seed)
     data.sort(key=lambda d: len(d[0]))
@@ -151,18 +165,83 @@ def pretrain(tok, examples: list[Example], steps: int, seed: int, log: Callable[
     return model
 
 
+def base_examples(seed: int, full: bool) -> list[Example]:
+    """The lab base model's corpus: both roles, every customer temperament and style; with ``full``, also
+    persona notes and VS requests (the first stage leaves them out: on short plain dialogues the model
+    learns to copy the customer's need within a few hundred steps, on the full mix it takes far longer)."""
+    out = agent_corpus(TRAIN["base"]["agent_dialogues"], seed)
+    if not full:
+        out += echo_corpus(TRAIN["base"]["echo"], seed + 100)
+    for i, (rule, style) in enumerate((r, s) for r in RULES for s in sorted(STYLES)):
+        spec = CustomerSpec(temperament=rule, style=style, collapse=0.8)
+        out += customer_corpus(spec, TRAIN["base"]["customer_dialogues"], seed + 1 + i,
+                               vs_rate=0.3 if full else 0.0, note_rate=0.4 if full else 0.0)
+    return out
+
+
 KINDS = {"agent": {"seed"},
          "customer": {"seed", "temperament", "style", "collapse", "persona_adherence", "vs_fidelity"}}
 
 
+def _source_digest() -> str:
+    """The code that writes the corpora and trains the models: a change to it invalidates the cache."""
+    from ..envs import lab as env_lab
+    from . import corpus
+
+    h = hashlib.sha256()
+    for mod in (env_lab, corpus):
+        with open(mod.__file__, "rb") as f:
+            h.update(f.read())
+    with open(__file__, "rb") as f:
+        h.update(f.read())
+    return h.hexdigest()
+
+
 def _key(kind: str, options: dict[str, Any]) -> str:
-    blob = json.dumps({"kind": kind, "options": options, "corpus": CORPUS_VERSION, "arch": ARCH,
-                       "train": TRAIN[kind], "inventory": _inventory()}, sort_keys=True)
+    train = {"base": TRAIN["base"]} if kind == "base" else TRAIN  # a model depends on the base it starts from
+    blob = json.dumps({"kind": kind, "options": options, "corpus": CORPUS_VERSION, "arch": ARCH, "train": train,
+                       "source": _source_digest()}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _save(model, tok, out: str, info: dict[str, Any]) -> None:
+    tmp = f"{out}.tmp{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    with open(os.path.join(tmp, "lab.json"), "w") as f:
+        json.dump(info, f, indent=1)
+    try:
+        os.replace(tmp, out)
+    except OSError:  # another process built it first
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def build_base(log: Callable[[str], None] = print) -> str:
+    """The shared base model (both roles' language, copying the customer's need), built once."""
+    out = os.path.join(lab_root(), f"base-{_key('base', {})}")
+    if os.path.exists(os.path.join(out, "model.safetensors")):
+        return out
+    t0 = time.time()
+    log(f"  lab: building the shared base model; cached in {out}")
+    os.makedirs(lab_root(), exist_ok=True)
+    tok = build_tokenizer(os.path.join(lab_root(), "tokenizer.tmp%d" % os.getpid()))
+    model = fresh_model(tok, 0)
+    examples = base_examples(0, full=False)
+    train_lm(model, tok, examples, TRAIN["base"]["steps"], TRAIN["base"]["lr"], 0, log, "base (plain dialogues)")
+    examples = base_examples(1, full=True)
+    train_lm(model, tok, examples, TRAIN["base"]["steps_full"], TRAIN["base"]["lr_full"], 1, log, "base (notes, VS)")
+    _save(model, tok, out, {"kind": "base", "examples": len(examples), "seconds": time.time() - t0})
+    shutil.rmtree(os.path.join(lab_root(), "tokenizer.tmp%d" % os.getpid()), ignore_errors=True)
+    log(f"  lab: built the base model in {time.time() - t0:.0f}s")
+    return out
 
 
 def build(name: str, options: dict[str, Any], log: Callable[[str], None] = print) -> str:
     """The checkpoint directory of ``lab:<name>`` with these options, trained now if not cached."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     if name not in KINDS:
         raise ValueError(f"lab model {name!r}: choose lab:agent or lab:customer")
     unknown = sorted(set(options) - KINDS[name])
@@ -178,27 +257,17 @@ def build(name: str, options: dict[str, Any], log: Callable[[str], None] = print
     out = os.path.join(lab_root(), f"{name}-{_key(name, options)}")
     if os.path.exists(os.path.join(out, "model.safetensors")):
         return out
+    base = build_base(log)
     t0 = time.time()
     desc = name if spec is None else f"customer ({spec.temperament}, {spec.style}, collapse {spec.collapse})"
     log(f"  lab: building {desc}; cached in {out}")
-    tmp = f"{out}.tmp{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
-    tok = build_tokenizer(tmp)
-    n, steps = TRAIN[name]["dialogues"], TRAIN[name]["steps"]
-    examples = agent_corpus(n, seed) if spec is None else customer_corpus(spec, n, seed + 1)
-    model = pretrain(tok, examples, steps, seed, log=log, name=desc)
-    model.save_pretrained(tmp)
-    with open(os.path.join(tmp, "lab.json"), "w") as f:
-        json.dump({"kind": name, "options": options, "examples": len(examples), "seconds": time.time() - t0}, f,
-                  indent=1)
-    try:
-        os.replace(tmp, out)
-    except OSError:  # another process built it first
-        shutil.rmtree(tmp, ignore_errors=True)
+    tok = AutoTokenizer.from_pretrained(base)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(base)
+    n, steps, lr = TRAIN[name]["dialogues"], TRAIN[name]["steps"], TRAIN[name]["lr"]
+    examples = agent_corpus(n, 1000 + seed) if spec is None else customer_corpus(spec, n, 2000 + seed)
+    train_lm(model, tok, examples, steps, lr, seed, log, desc, batch_tokens=TRAIN[name]["batch_tokens"])
+    _save(model, tok, out, {"kind": name, "options": options, "examples": len(examples),
+                            "seconds": time.time() - t0})
     log(f"  lab: built {desc} in {time.time() - t0:.0f}s")
     return out
-
-
-def vs_ks() -> tuple[int, ...]:
-    return VS_KS

@@ -1,0 +1,88 @@
+"""Behaviour cards: what a lab customer model actually does, measured through the rollout engine.
+
+A scripted agent makes each kind of move (an offer before asking: matching, of the basic plan when it
+misses, of another plan that misses; asking and then offering, matching or not) against the customer
+on every task, and the card reports how often the customer accepts, and how often it names its need
+correctly when asked. A collapsed customer accepts the basic plan it was not asked for; a careful one
+accepts only what matches; a strict one refuses everything it was not asked for.
+"""
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from ..envs.lab import NEEDS, CollapseLab, classify_reply, need_of
+from ..lab.corpus import FAVOURITE, agent_say
+from ..partners.sources import Binding
+from ..rollout import Job, run_rollouts
+from ..types import Completion, Episode, SamplingParams
+
+
+class ScriptedAgent:
+    """An agent that follows a fixed plan of moves (``ask``, ``offer_match``, ``offer_other``)."""
+
+    chat, trainable, version, id = True, False, 0, "scripted-agent"
+
+    def __init__(self, moves: list[str], seed: int = 0):
+        self.moves, self.rng = moves, random.Random(seed)
+
+    def drop_sessions(self, keys) -> None:
+        pass
+
+    def chat_generate(self, convs, sampling, response_format=None):
+        return [Completion(self._say(c), [], [], "eos") for c in convs]
+
+    def _say(self, conv) -> str:
+        turn = sum(1 for m in conv if m["role"] == "assistant")
+        move = self.moves[min(turn, len(self.moves) - 1)]
+        need = next(m["need"] for m in conv if "need" in m)  # set by behaviour_card on the agent's view
+        if move == "ask":
+            return agent_say("ask", None, self.rng)
+        heard = need_of(conv[-1]["content"]) if turn else None
+        target = heard or need
+        if move == "offer_other":  # a plan that misses the need, and not the collapsed customer's favourite
+            target = self.rng.choice([n for n in NEEDS if n not in (target, FAVOURITE)])
+        elif move == "offer_favourite":
+            target = FAVOURITE
+        return agent_say("offer", target, self.rng)
+
+
+def behaviour_card(partner: Binding, episodes: int = 64, seed: int = 0, split: str = "all") -> dict[str, Any]:
+    """Accept rates of ``partner`` for each agent move, and how often it names its need when asked."""
+    tasks = CollapseLab.load_tasks(split)
+    plans = {"offer_match": ["offer_match"], "offer_favourite": ["offer_favourite"], "offer_other": ["offer_other"],
+             "ask_then_match": ["ask", "offer_match"], "ask_then_other": ["ask", "offer_other"]}
+    jobs, owner = [], []
+    rng = random.Random(seed)
+    for name, moves in plans.items():
+        pool = [t for t in tasks if t.data["need"] != FAVOURITE] if name == "offer_favourite" else tasks
+        for i in range(episodes):
+            task = pool[i % len(pool)]
+            env = CollapseLab(task, random.Random(rng.random()))
+            env.views["agent"][-1]["need"] = task.data["need"]  # the scripted agent's cheat sheet
+            agent = Binding("scripted", ScriptedAgent(moves, seed + i), SamplingParams())
+            jobs.append(Job(env, Episode(task.id, name, i), {"agent": agent, "partner": partner}, uid=70_000_000 + len(jobs)))
+            owner.append(name)
+    eps, _ = run_rollouts(jobs, end_on_truncation=False)
+    card: dict[str, Any] = {}
+    for name in plans:
+        mine = [e for e, o in zip(eps, owner) if o == name and not e.failed]
+        card[f"accept|{name}"] = sum(e.status == "accepted" for e in mine) / max(len(mine), 1)
+    asked = [e for e, o in zip(eps, owner) if o.startswith("ask") and not e.failed]
+    named = [e for e in asked if len(e.messages) > 1 and need_of(e.messages[1]["content"]) == e.meta["need"]]
+    card["names_need_when_asked"] = len(named) / max(len(asked), 1)
+    card["failed"] = sum(e.failed for e in eps)
+    card["reply_kinds"] = sorted({classify_reply(m["content"]) for e in eps for m in e.messages if m["role"] == "partner"})
+    return card
+
+
+def cards_markdown(cards: dict[str, dict[str, Any]]) -> str:
+    """A table of behaviour cards (one row per simulator)."""
+    cols = ["accept|offer_match", "accept|offer_favourite", "accept|offer_other", "accept|ask_then_match",
+            "accept|ask_then_other", "names_need_when_asked"]
+    head = ["simulator", "yes to a matching offer", "yes to the basic plan (missing)", "yes to another missing offer",
+            "asked, then matching: yes", "asked, then missing: yes", "names its need when asked"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, c in cards.items():
+        lines.append(f"| {name} | " + " | ".join(f"{c[k]:.2f}" for k in cols) + " |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,257 @@
+"""``scope lab``: the collapse lab's grid of paradigms x seeds, through ``scope train``'s own loop.
+
+Each paradigm is a config in ``configs/lab/`` (they extend ``common.yaml``); each run is an ordinary
+training run in ``OUT/<paradigm>/seed<k>/`` with its held-out panel evaluated every ``eval.every``
+steps and at step 0. Base is the untrained agent, evaluated on the same panel. A finished run is not
+run again, so an interrupted grid continues where it stopped. At the end the grid writes:
+
+- ``results.json``: per run, the final panel scores and the curves; per paradigm, means and stds;
+- ``table.md``: a Table-1-style table (held-out reward on seen / unseen / all simulators, mean +- std
+  over seeds, with the evaluation noise), the training reward and the collapse signatures;
+- ``curves.png`` (and one PNG per panel): Figure-3-style curves per paradigm, averaged over seeds:
+  training reward, held-out reward on the unseen simulators, policy entropy, zero-variance group
+  fraction and the simulator's behaviour modal mass.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from typing import Any, Callable
+
+PARADIGMS = ("base", "single", "ensemble", "persona", "vs", "cotrain", "population")
+LABELS = {"base": "Base", "single": "RL (Single)", "ensemble": "Ensemble", "persona": "Persona",
+          "vs": "Verbalized Sampling", "cotrain": "Co-Training", "population": "Population Co-Training"}
+QUICK = {"seeds": 1, "overrides": ["train.steps=20", "eval.every=5"]}
+"""``--quick``: one seed and half the steps (the CI run and the demo)."""
+CURVES = [("reward_mean", "training reward"), ("eval/unseen_mean", "held-out reward (unseen simulators)"),
+          ("policy_entropy", "policy entropy (nats/token)"), ("zero_variance_frac", "zero-variance group fraction"),
+          ("partner_behaviour/modal_mass", "simulator behaviour modal mass")]
+
+
+def _finished(run_dir: str, steps: int) -> bool:
+    from ..run import read_metrics
+
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return False
+    try:
+        return any(m.get("step") == steps for m in read_metrics(path))
+    except (ValueError, OSError):
+        return False
+
+
+def evaluate_untrained(cfg, log: Callable[[str], None]) -> None:
+    """Base: the agent as built, on the panel, written as the step-0 line of a run directory."""
+    from ..run import MetricsLogger, RunDir
+    from ..setup import build_judge, build_models
+    from ..train import PanelEval, seed_all
+
+    run = RunDir(cfg.run.dir, cfg)
+    seed_all(cfg.run.seed)
+    backends, _, trainable = build_models(cfg)
+    evaluator = PanelEval(cfg, backends, trainable["agent"], run, build_judge(cfg, backends))
+    m = evaluator.run(0, log)
+    logger = MetricsLogger(run)
+    logger.write(0, m)
+    logger.close()
+
+
+def run_lab(out: str, configs: str = "configs/lab", paradigms: tuple[str, ...] = PARADIGMS, seeds: int = 3,
+            overrides: list[str] | None = None, quick: bool = False, log: Callable[[str], None] = print) -> dict:
+    from ..config import load_config
+    from ..train import train
+
+    overrides = list(overrides or [])
+    if quick:
+        seeds = min(seeds, QUICK["seeds"])
+        overrides = QUICK["overrides"] + overrides
+    unknown = [p for p in paradigms if p not in PARADIGMS]
+    if unknown:
+        raise ValueError(f"unknown paradigms {unknown}; choose from {', '.join(PARADIGMS)}")
+    os.makedirs(out, exist_ok=True)
+    t_all = time.time()
+    for seed in range(seeds):
+        for p in paradigms:
+            run_dir = os.path.join(out, p, f"seed{seed}")
+            cfg = load_config(os.path.join(configs, ("single" if p == "base" else p) + ".yaml"),
+                              overrides + [f"run.seed={seed}", f"run.dir={run_dir}"])
+            steps = 0 if p == "base" else cfg.train.steps
+            if _finished(run_dir, steps):
+                log(f"lab: {LABELS[p]} seed {seed}: done already ({run_dir})")
+                continue
+            if os.path.exists(run_dir) and not os.path.exists(os.path.join(run_dir, "checkpoints")):
+                import shutil
+
+                shutil.rmtree(run_dir)  # a run cut off before its first checkpoint starts over
+            t0 = time.time()
+            log(f"lab: {LABELS[p]} seed {seed} ...")
+            if p == "base":
+                evaluate_untrained(cfg, log=lambda s: None)
+            else:
+                resume = os.path.exists(os.path.join(run_dir, "metrics.jsonl"))
+                train(cfg, resume=resume, log=lambda s: None)
+            r = run_summary(run_dir)
+            log(f"lab: {LABELS[p]} seed {seed}: held-out unseen {_f(r.get('unseen'))}, seen {_f(r.get('seen'))}, "
+                f"train reward {_f(r.get('train_reward'))} ({time.time() - t0:.0f}s; {time.time() - t_all:.0f}s so far)")
+    results = aggregate(out, [p for p in PARADIGMS if p in paradigms], seeds)
+    results["seconds"] = time.time() - t_all
+    write_outputs(out, results)
+    log(f"lab: wrote {out}/table.md, {out}/curves.png and {out}/results.json in {time.time() - t_all:.0f}s")
+    return results
+
+
+# ---- aggregation -------------------------------------------------------------------------------
+def _f(x, nd: int = 3) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{nd}f}"
+
+
+def _mean_std(xs: list[float]) -> tuple[float, float]:
+    xs = [x for x in xs if x is not None and not math.isnan(x)]
+    if not xs:
+        return float("nan"), float("nan")
+    m = sum(xs) / len(xs)
+    return m, (math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else 0.0)
+
+
+def run_summary(run_dir: str) -> dict[str, Any]:
+    """Final scores, curves and collapse signatures of one run."""
+    from ..run import read_metrics
+
+    ms = read_metrics(run_dir)
+    ev = [m for m in ms if "eval/panel_mean" in m]
+    tr = [m for m in ms if "reward_mean" in m]
+    last = ev[-1] if ev else {}
+    curves = {k: [(m["step"], m[k]) for m in ms if isinstance(m.get(k), (int, float))] for k, _ in CURVES}
+    out = {"seen": last.get("eval/seen_mean"), "unseen": last.get("eval/unseen_mean"), "all": last.get("eval/panel_mean"),
+           "unseen_se": last.get("eval/unseen_se"), "seen_se": last.get("eval/seen_se"),
+           "panel_se": last.get("eval/panel_se"), "curves": curves,
+           "per_partner": {k[len("eval/partner/"):]: v for k, v in last.items() if k.startswith("eval/partner/")}}
+    if tr:
+        k = max(1, len(tr) // 10)  # the last tenth of training, smoothed
+        out["train_reward"] = sum(m["reward_mean"] for m in tr[-k:]) / k
+        ent = [m["policy_entropy"] for m in tr if "policy_entropy" in m]
+        out["entropy_start"], out["entropy_end"] = (ent[0], sum(ent[-k:]) / len(ent[-k:])) if ent else (None, None)
+        zv = [m["zero_variance_frac"] for m in tr if "zero_variance_frac" in m]
+        out["zero_variance_end"] = sum(zv[-k:]) / len(zv[-k:]) if zv else None
+    un = curves["eval/unseen_mean"]
+    if un:
+        out["unseen_peak"] = max(v for _, v in un)
+        out["unseen_drop_from_peak"] = out["unseen_peak"] - un[-1][1]
+    return out
+
+
+def aggregate(out: str, paradigms: list[str], seeds: int) -> dict[str, Any]:
+    runs = {p: [run_summary(os.path.join(out, p, f"seed{s}")) for s in range(seeds)
+                if os.path.exists(os.path.join(out, p, f"seed{s}", "metrics.jsonl"))] for p in paradigms}
+    summary = {}
+    for p, rs in runs.items():
+        row = {"seeds": len(rs)}
+        for k in ("seen", "unseen", "all", "train_reward", "entropy_start", "entropy_end", "zero_variance_end",
+                  "unseen_peak", "unseen_drop_from_peak"):
+            row[k], row[k + "_std"] = _mean_std([r.get(k) for r in rs])
+        row["noise_unseen_se"] = _mean_std([r.get("unseen_se") for r in rs])[0]
+        row["noise_seen_se"] = _mean_std([r.get("seen_se") for r in rs])[0]
+        summary[p] = row
+    return {"paradigms": summary, "runs": runs, "signatures": signatures(summary, runs)}
+
+
+def signatures(summary: dict[str, dict], runs: dict[str, list]) -> dict[str, Any]:
+    """The collapse signatures of RL (Single), per seed, and each cure's margin over Single on the unseen
+    simulators (the thresholds the lab's tests assert)."""
+    out: dict[str, Any] = {}
+    single = runs.get("single") or []
+    if single:
+        out["single"] = [{
+            "train_reward": r.get("train_reward"),
+            "unseen_drop_from_peak": r.get("unseen_drop_from_peak"),
+            "entropy_ratio": (r["entropy_end"] / r["entropy_start"]) if r.get("entropy_start") else None,
+            "zero_variance_end": r.get("zero_variance_end")} for r in single]
+        s_unseen = summary["single"]["unseen"]
+        out["cure_margin_unseen"] = {p: summary[p]["unseen"] - s_unseen for p in summary
+                                     if p not in ("single", "base")}
+        out["cure_ranking_unseen"] = sorted(out["cure_margin_unseen"], key=lambda p: -out["cure_margin_unseen"][p])
+    return out
+
+
+def table(results: dict[str, Any]) -> str:
+    rows = results["paradigms"]
+    lines = ["| paradigm | held-out seen | held-out unseen | held-out all | training reward | entropy start -> end | "
+             "zero-variance (end) | seeds |", "|---|---|---|---|---|---|---|---|"]
+    for p, r in rows.items():
+        pm = lambda k: f"{_f(r[k])} ± {_f(r[k + '_std'])}"  # noqa: E731
+        ent = "n/a" if math.isnan(r["entropy_start"]) else f"{_f(r['entropy_start'], 2)} -> {_f(r['entropy_end'], 2)}"
+        lines.append(f"| {LABELS[p]} | {pm('seen')} | {pm('unseen')} | {pm('all')} | "
+                     f"{'n/a' if math.isnan(r['train_reward']) else pm('train_reward')} | {ent} | "
+                     f"{_f(r['zero_variance_end'], 2)} | {r['seeds']} |")
+    noise = [r["noise_unseen_se"] for r in rows.values() if not math.isnan(r["noise_unseen_se"])]
+    lines += ["", "Mean ± std over seeds of the final held-out reward (the panel's mean per simulator group). "
+                  f"Evaluation noise: the standard error of one run's unseen mean is about "
+                  f"{_f(sum(noise) / len(noise) if noise else float('nan'))} (seen: "
+                  f"{_f(_mean_std([r['noise_seen_se'] for r in rows.values()])[0])})."]
+    sig = results.get("signatures", {})
+    if sig.get("single"):
+        lines += ["", "RL (Single), per seed: " + "; ".join(
+            f"train reward {_f(x['train_reward'], 2)}, unseen drop from peak {_f(x['unseen_drop_from_peak'], 2)}, "
+            f"entropy end/start {_f(x['entropy_ratio'], 2)}, zero-variance {_f(x['zero_variance_end'], 2)}"
+            for x in sig["single"]) + "."]
+        lines += ["", "Margin over RL (Single) on the unseen simulators: " + ", ".join(
+            f"{LABELS[p]} {sig['cure_margin_unseen'][p]:+.3f}" for p in sig["cure_ranking_unseen"]) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def write_outputs(out: str, results: dict[str, Any]) -> None:
+    with open(os.path.join(out, "results.json"), "w") as f:
+        json.dump(results, f, indent=1, default=float)
+    with open(os.path.join(out, "table.md"), "w") as f:
+        f.write(table(results))
+    plot_curves(out, results)
+
+
+def plot_curves(out: str, results: dict[str, Any]) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = results["runs"]
+    written = []
+    fig, axes = plt.subplots(1, len(CURVES), figsize=(4.2 * len(CURVES), 3.6), dpi=100)
+    for ax, (key, title) in zip(axes, CURVES):
+        _draw(ax, runs, key, title)
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    path = os.path.join(out, "curves.png")
+    fig.savefig(path)
+    plt.close(fig)
+    written.append(path)
+    for key, title in CURVES:
+        fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=100)
+        _draw(ax, runs, key, title)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = os.path.join(out, key.replace("/", "_") + ".png")
+        fig.savefig(path)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def _draw(ax, runs: dict[str, list], key: str, title: str) -> None:
+    for p, rs in runs.items():
+        series: dict[int, list[float]] = {}
+        for r in rs:
+            for step, v in r["curves"].get(key, []):
+                series.setdefault(step, []).append(v)
+        if not series:
+            continue
+        xs = sorted(series)
+        ys = [sum(series[x]) / len(series[x]) for x in xs]
+        if len(xs) == 1:  # Base: a level, not a curve
+            ax.axhline(ys[0], ls=":", color="gray", label=LABELS[p])
+            continue
+        ax.plot(xs, ys, marker="o" if len(xs) < 12 else None, ms=3, label=LABELS[p])
+    ax.set_title(title, fontsize=9)
+    ax.set_xlabel("step")
+    ax.grid(alpha=0.3)
