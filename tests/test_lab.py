@@ -55,9 +55,9 @@ def test_the_customer_reads_its_need_and_the_fit_of_an_offer():
     env = env_for("green")
     env.on_reply("agent", "the turbo plan is the fast one .")
     seen = env.views["partner"][-1]["content"]
-    assert seen == "the turbo plan is the fast one . (this does not fit ; you want green)"
+    assert seen == "the turbo plan is the fast one . (the turbo plan does not fit ; you want green)"
     assert env.views["agent"][-1]["role"] == "assistant" and "you want" not in json.dumps(env.views["agent"])
-    assert reminder("green", "try the eco plan , it is green .") == " (this fits ; you want green)"
+    assert reminder("green", "try the eco plan , it is green .") == " (the eco plan fits ; you want green)"
     assert reminder("green", "what do you need ?") == " (you want green)"
 
 
@@ -75,7 +75,7 @@ def test_reply_classes_and_the_words_they_read():
     ("careful", False, "cheap", {"accept": 1.0}), ("careful", False, "fast", {"refuse": 1.0}),
     ("strict", False, "cheap", {"refuse_unasked": 1.0}), ("strict", True, "cheap", {"accept": 1.0}),
     ("agreeable", False, "cheap", {"accept": 1.0}),
-    ("agreeable", False, "fast", {"accept_anyway": 0.45, "refuse": pytest.approx(0.55)}),
+    ("agreeable", False, "fast", {"accept_anyway": pytest.approx(0.36), "refuse": pytest.approx(0.64)}),
     ("agreeable", True, "fast", {"refuse": 1.0}),  # the collapse is in offers the customer was not asked for
 ])
 def test_teacher_rules(rule, asked, offered, expect):

@@ -240,3 +240,25 @@ def test_scope_serve_cli():
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def test_endpoint_requests_use_the_models_token_limit_and_report_truncation():
+    """An API partner asks for models.<m>.max_tokens (default 4096, room for a reasoning model), not the
+    role's max_new_tokens; a reply cut off there comes back as 'length' (an episode ends truncated)."""
+    from types import SimpleNamespace
+
+    from scope.config import ModelConfig
+
+    mc = ModelConfig(backend="openai", base_url="http://127.0.0.1:9/v1", model_name="m", api_key_env=None)
+    assert mc.max_tokens == 4096
+    ref = OpenAIRef.from_config("api", mc)
+    seen = []
+
+    def create(**kw):
+        seen.append(kw)
+        msg = SimpleNamespace(content="partial")
+        return SimpleNamespace(choices=[SimpleNamespace(message=msg, finish_reason="length")])
+
+    ref.client = SimpleNamespace(chat=SimpleNamespace(completions=SimpleNamespace(create=create)))
+    out = ref.chat_generate([[{"role": "user", "content": "hi"}]], SamplingParams(max_new_tokens=40))
+    assert seen[0]["max_tokens"] == 4096 and out[0].finish_reason == "length"

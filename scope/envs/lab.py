@@ -39,14 +39,14 @@ CUSTOMER_PROMPT = "You are {name}, a customer in a shop. You want a plan that is
 
 def reminder(need: str, text: str) -> str:
     """The note the customer reads after each of the agent's messages (its scenario notes): its need,
-    and for an offer whether the offered plan fits it. The harness judges the fit so that the small
+    and for an offer which plan it is and whether it fits. The harness judges the fit so that the small
     model need not learn to compare; what the customer does with the judgement is the model's. The note
     comes last, right before the customer's reply, so its words stand at a fixed distance from where
     the reply uses them."""
     offered = plan_of(text)
     if offered is None:
         return f" (you want {need})"
-    return f" ({'this fits' if offered == need else 'this does not fit'} ; you want {need})"
+    return f" (the {PLANS[offered]} plan {'fits' if offered == need else 'does not fit'} ; you want {need})"
 ACCEPT, REFUSE = "[YES]", "[NO]"
 
 # ---- what the two sides say -------------------------------------------------------------------

@@ -50,8 +50,8 @@ RULES = ("careful", "strict", "agreeable")
 EASYGOING = 0.9   # how often the 'easygoing' persona accepts an offer it was not asked for
 FAVOURITE = "cheap"
 """The collapsed customer's dominant reply is yes to the basic plan: it accepts an offer of it that it was
-not asked for with probability ``collapse``, and any other offer that misses its need with half that."""
-OTHER_SHARE = 0.5
+not asked for with probability ``collapse``, and any other offer that misses its need with 0.4 of that."""
+OTHER_SHARE = 0.4
 VS_KS = (3, 4, 5, 6)  # the candidate counts a customer corpus teaches (partner.vs.k may be any of them)
 
 
@@ -250,7 +250,7 @@ def echo_corpus(n: int, seed: int) -> list[Example]:
     return out
 
 
-def customer_corpus(spec: CustomerSpec, n: int, seed: int, max_turns: int = 2, note_rate: float = 0.4,
+def customer_corpus(spec: CustomerSpec, n: int, seed: int, max_turns: int = 2, note_rate: float = 0.5,
                     vs_rate: float = 0.4) -> list[Example]:
     """A customer's dialogues (each customer turn one example; VS requests one-shot examples). A share
     ``note_rate`` of dialogues carries one of the lab's persona notes."""

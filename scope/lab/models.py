@@ -38,7 +38,7 @@ TRAIN = {  # the shared base learns the language of both roles; each model is a 
     "base": {"agent_dialogues": 1500, "customer_dialogues": 300, "echo": 3000, "steps": 450, "lr": 4e-3, "steps_full": 250,
              "lr_full": 3e-3},
     "agent": {"dialogues": 3000, "steps": 300, "lr": 2e-3, "batch_tokens": 4096},
-    "customer": {"dialogues": 3000, "steps": 300, "lr": 2e-3, "batch_tokens": 4096},
+    "customer": {"dialogues": 3000, "steps": 400, "lr": 3e-3, "batch_tokens": 4096},
 }
 SPECIALS = ["<pad>", "<|im_start|>", "<|im_end|>"]
 VOCAB = 1200  # enough merges that every word of the lab is one token
@@ -173,7 +173,7 @@ def base_examples(seed: int, full: bool) -> list[Example]:
     if not full:
         out += echo_corpus(TRAIN["base"]["echo"], seed + 100)
     for i, (rule, style) in enumerate((r, s) for r in RULES for s in sorted(STYLES)):
-        spec = CustomerSpec(temperament=rule, style=style, collapse=0.8)
+        spec = CustomerSpec(temperament=rule, style=style, collapse=1.0)
         out += customer_corpus(spec, TRAIN["base"]["customer_dialogues"], seed + 1 + i,
                                vs_rate=0.3 if full else 0.0, note_rate=0.4 if full else 0.0)
     return out
