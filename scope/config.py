@@ -99,6 +99,9 @@ class RoleConfig(PartnerSpec):
     constant within a group); auto: the reward's own (curriculum: step, the others: group)."""
     lr: float | None = Field(None, gt=0)
     """This role's learning rate (default train.lr): e.g. a simulator that learns slower than the agent."""
+    kl_coef: float | None = Field(None, ge=0)
+    """This role's KL coefficient to its reference weights (default train.kl_coef): e.g. a co-trained
+    simulator kept close to the simulator it started from."""
     self_play: bool = False
     """partner: played by the agent's own adapter; one update uses both roles' tokens, each with its own
     mask and advantages."""

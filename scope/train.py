@@ -98,8 +98,10 @@ def train(cfg: Config, resume: bool = False, on_step_end: Callable[[int], None] 
         owner = "agent" if rc.self_play else role
         if owner not in learners:
             ref = trainable[owner]
-            lc = LearnerConfig(**cfg.train.model_dump(exclude={"steps", "success_threshold", "no_signal_warn", "lr"}),
-                               lr=rc.lr or cfg.train.lr, temperature=rc.temperature)
+            lc = LearnerConfig(**cfg.train.model_dump(exclude={"steps", "success_threshold", "no_signal_warn", "lr",
+                                                               "kl_coef"}),
+                               lr=rc.lr or cfg.train.lr, temperature=rc.temperature,
+                               kl_coef=cfg.train.kl_coef if rc.kl_coef is None else rc.kl_coef)
             learners[owner] = Learner(ref.backend, ref.adapter, lc)
         roles_of.setdefault(owner, []).append(role)
     pools = {r: s for r, s in sources.items() if hasattr(s, "maybe_snapshot")}

@@ -30,3 +30,14 @@ def shared_path(*parts):
     if not os.path.exists(p):
         pytest.skip(f"{p} is missing (tests that read ../shared/data skip on machines without it)")
     return p
+
+
+def pytest_collection_modifyitems(config, items):
+    """The lab's end-to-end tests (tests/lab/) build the lab's models and train for minutes: they run in
+    `make test-lab`, which sets SCOPE_LAB_TESTS=1; `make test` skips them."""
+    if os.environ.get("SCOPE_LAB_TESTS") == "1":
+        return
+    skip = pytest.mark.skip(reason="the lab's end-to-end tests run in `make test-lab` (SCOPE_LAB_TESTS=1)")
+    for item in items:
+        if "/tests/lab/" in str(item.fspath).replace(os.sep, "/"):
+            item.add_marker(skip)

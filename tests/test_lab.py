@@ -145,3 +145,31 @@ def test_lab_configs_extend_the_common_one_and_take_knobs(tmp_path):
     with pytest.raises(ConfigError, match="not found"):
         load_config(str(tmp_path / "c.yaml"))
     assert get_env("lab") is CollapseLab and PLANS["cheap"] == "basic"
+
+
+def test_a_customer_that_leaves_its_scenario_earns_the_adversary_nothing():
+    from scope.partners.rewards import adversarial
+    from scope.types import Episode
+
+    env = env_for("fast")
+    env.on_reply("agent", "what do you need ?")
+    env.on_reply("partner", "i want fast .")
+    env.on_reply("agent", "try the turbo plan , it is fast .")
+    env.on_reply("partner", "i want fast , so no thanks . " + REFUSE)  # turns down the plan it needs
+    assert env.meta["partner_fidelity"] == 0.0 and "turned down" in env.meta["out_of_character"]
+    liar = env_for("fast")
+    liar.on_reply("agent", "what do you need ?")
+    liar.on_reply("partner", "i want green .")
+    assert liar.meta["partner_fidelity"] == 0.0
+    fair = env_for("fast")
+    fair.on_reply("agent", "try the basic plan , it is cheap .")
+    fair.on_reply("partner", "i want fast , so no thanks . " + REFUSE)  # turning down a plan that misses
+    assert "partner_fidelity" not in fair.meta
+
+    eps = []
+    for e in (env, fair):
+        ep = Episode("t", "g", 0)
+        ep.meta.update(e.meta)
+        ep.rewards = e.rewards()
+        eps.append(ep)
+    assert adversarial(eps, "partner") == [0.0, 1.0]

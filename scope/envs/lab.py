@@ -133,6 +133,7 @@ class CollapseLab(Env):
             raise ValueError("lab: max_turns must be at least 1 and discount in (0, 1]")
         self.max_turns, self.discount = max_turns, discount
         self.accepted_at: int | None = None
+        self.revealed = False  # the customer has named its need
         self.views["agent"] = [{"role": "system", "content": AGENT_PROMPT}, {"role": "user", "content": OPENING}]
         self.views["partner"] = [{"role": "system", "content": CUSTOMER_PROMPT.format(**task.data)}]
         self.meta.update(need=task.data["need"])
@@ -150,6 +151,14 @@ class CollapseLab(Env):
             return
         self.say(role, text)
         kind = classify_reply(text)
+        need = self.task.data["need"]
+        if kind == "reveal":
+            if need_of(text) == need:
+                self.revealed = True
+            else:  # out of character: a customer names the need its scenario gives it
+                self._break_character("named a need it does not have")
+        elif kind == "refuse" and self.revealed and plan_of(self.transcript[-2]["content"]) == need:
+            self._break_character("turned down the plan it said it needs")
         if kind == "accept":
             self.accepted_at = self.turns["agent"]
             self.meta["offer"] = plan_of(self.transcript[-2]["content"])
@@ -158,6 +167,12 @@ class CollapseLab(Env):
             self.finish("refused")
         elif self.turns["agent"] >= self.max_turns:
             self.finish("max_turns")
+
+    def _break_character(self, why: str) -> None:
+        """The customer left its scenario (the co-trained simulator's adversarial reward ignores such a
+        rollout's outcome: ``partner_fidelity`` 0)."""
+        self.meta["partner_fidelity"] = 0.0
+        self.meta.setdefault("out_of_character", why)
 
     def rewards(self) -> dict[str, float]:
         r = 0.0 if self.accepted_at is None else self.discount ** (self.accepted_at - 1)

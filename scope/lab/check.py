@@ -84,5 +84,25 @@ def cards_markdown(cards: dict[str, dict[str, Any]]) -> str:
             "asked, then matching: yes", "asked, then missing: yes", "names its need when asked"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, c in cards.items():
-        lines.append(f"| {name} | " + " | ".join(f"{c[k]:.2f}" for k in cols) + " |")
+        seen = {True: " (seen)", False: " (unseen)"}.get(c.get("seen"), "")
+        lines.append(f"| {name}{seen} | " + " | ".join(f"{c[k]:.2f}" for k in cols) + " |")
     return "\n".join(lines) + "\n"
+
+
+def panel_cards(cfg, episodes: int = 64, log=print) -> dict[str, dict[str, Any]]:
+    """The behaviour card of every simulator on a lab config's evaluation panel (the panel's own sampling
+    settings and notes), the training simulator included."""
+    from ..eval import frozen_refs, load_panel
+    from ..partners.sources import spec_binding
+
+    panel = load_panel(cfg.eval.panel)
+    models = dict(cfg.models)
+    models.update(panel.models)
+    refs = frozen_refs({k: m for k, m in models.items() if k != cfg.agent.model}, {}, cfg.run.seed)
+    cards = {}
+    for p in panel.partners:
+        cards[p.spec_id()] = behaviour_card(spec_binding(p, refs[p.model]), episodes=episodes, seed=cfg.run.seed)
+        cards[p.spec_id()]["seen"] = p.seen
+        log(f"  lab: simulator {p.spec_id()}: " + ", ".join(
+            f"{k.split('|')[-1]} {v:.2f}" for k, v in cards[p.spec_id()].items() if isinstance(v, float)))
+    return cards

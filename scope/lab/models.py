@@ -22,6 +22,7 @@ import math
 import os
 import random
 import shutil
+import sys
 import time
 from typing import Any, Callable
 
@@ -184,16 +185,24 @@ KINDS = {"agent": {"seed"},
 
 
 def _source_digest() -> str:
-    """The code that writes the corpora and trains the models: a change to it invalidates the cache."""
+    """What the corpora and the training are made of: the corpus and model code, and the lab's texts, and
+    the environment's turn logic (its grading and bookkeeping do not change a model). A change to
+    any of them invalidates the cache."""
+    import inspect
+
     from ..envs import lab as env_lab
     from . import corpus
 
     h = hashlib.sha256()
-    for mod in (env_lab, corpus):
-        with open(mod.__file__, "rb") as f:
-            h.update(f.read())
-    with open(__file__, "rb") as f:
-        h.update(f.read())
+    for mod in (corpus, sys.modules[__name__]):
+        h.update(inspect.getsource(mod).encode())
+    texts = {k: getattr(env_lab, k) for k in ("NEEDS", "PLANS", "NAMES", "TEST_NAMES", "AGENT_PROMPT", "OPENING",
+                                               "CUSTOMER_PROMPT", "ACCEPT", "REFUSE", "ASK", "PITCH", "CHAT",
+                                               "STYLES", "PERSONAS")}
+    h.update(json.dumps(texts, sort_keys=True).encode())
+    for fn in (env_lab.reminder, env_lab.need_of, env_lab.plan_of, env_lab.classify_reply,
+               env_lab.CollapseLab.__init__, env_lab.CollapseLab.next_role, env_lab.CollapseLab.on_reply):
+        h.update(inspect.getsource(fn).encode())
     return h.hexdigest()
 
 

@@ -72,6 +72,7 @@ def run_lab(out: str, configs: str = "configs/lab", paradigms: tuple[str, ...] =
         raise ValueError(f"unknown paradigms {unknown}; choose from {', '.join(PARADIGMS)}")
     os.makedirs(out, exist_ok=True)
     t_all = time.time()
+    cards = simulator_cards(out, load_config(os.path.join(configs, "single.yaml"), overrides), log)
     for seed in range(seeds):
         for p in paradigms:
             run_dir = os.path.join(out, p, f"seed{seed}")
@@ -96,10 +97,33 @@ def run_lab(out: str, configs: str = "configs/lab", paradigms: tuple[str, ...] =
             log(f"lab: {LABELS[p]} seed {seed}: held-out unseen {_f(r.get('unseen'))}, seen {_f(r.get('seen'))}, "
                 f"train reward {_f(r.get('train_reward'))} ({time.time() - t0:.0f}s; {time.time() - t_all:.0f}s so far)")
     results = aggregate(out, [p for p in PARADIGMS if p in paradigms], seeds)
+    results["simulators"] = cards
+    results["quick"], results["seeds"] = quick, seeds
     results["seconds"] = time.time() - t_all
     write_outputs(out, results)
     log(f"lab: wrote {out}/table.md, {out}/curves.png and {out}/results.json in {time.time() - t_all:.0f}s")
     return results
+
+
+def simulator_cards(out: str, cfg, log: Callable[[str], None]) -> dict[str, dict[str, Any]]:
+    """What each simulator of the panel does (``scope.lab.check``), measured once per grid (building the
+    lab's models on first use) and written to ``simulators.md`` / ``simulators.json``."""
+    from .check import cards_markdown, panel_cards
+
+    path = os.path.join(out, "simulators.json")
+    if os.path.exists(path):
+        with open(path) as f:
+            return json.load(f)
+    t0 = time.time()
+    log("lab: the simulators' behaviour cards (builds the lab's models on first use) ...")
+    cards = panel_cards(cfg, log=log)
+    with open(path, "w") as f:
+        json.dump(cards, f, indent=1)
+    with open(os.path.join(out, "simulators.md"), "w") as f:
+        f.write("How often each simulator of the panel says yes to each move of a scripted agent, and names its "
+                "need when asked (64 dialogues per move).\n\n" + cards_markdown(cards))
+    log(f"lab: wrote {out}/simulators.md ({time.time() - t0:.0f}s)")
+    return cards
 
 
 # ---- aggregation -------------------------------------------------------------------------------

@@ -50,13 +50,24 @@ def cooperative(episodes, role, agent="agent"):
     return [_agent_r(e, agent) for e in episodes]
 
 
+def fidelity(ep: Episode) -> float:
+    """1.0 unless the environment found the partner out of character (``meta["partner_fidelity"]``: an
+    environment that can tell when a simulator breaks its own scenario, e.g. a customer who turns down
+    the very plan it said it needs, sets it to 0 for that rollout)."""
+    return float(ep.meta.get("partner_fidelity", 1.0))
+
+
 @register_reward("adversarial")
 def adversarial(episodes, role, agent="agent", bounded: bool | None = None):
-    """1 - r_agent when every agent reward of the step lies in [0, 1], else -r_agent."""
+    """1 - r_agent when every agent reward of the step lies in [0, 1], else -r_agent; a rollout in which
+    the partner broke character (``fidelity``) gets the lowest value instead (0, or -max r_agent), so
+    that the simulator learns to be hard on the agent within its scenario, not to stop playing it."""
     rs = [_agent_r(e, agent) for e in episodes]
     vals = [r for r in rs if r is not None]
     in_unit = all(0.0 <= r <= 1.0 for r in vals) if bounded is None else bounded
-    return [None if r is None else (1.0 - r if in_unit else -r) for r in rs]
+    worst = 0.0 if in_unit else -max(vals, default=0.0)
+    return [None if r is None else ((1.0 - r if in_unit else -r) if fidelity(e) > 0 else worst)
+            for e, r in zip(episodes, rs)]
 
 
 def curriculum_value(s2: float, target: float = 0.25, width: float = 0.02) -> float:

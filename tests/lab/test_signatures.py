@@ -1,0 +1,66 @@
+"""The collapse lab end to end: the simulators behave as built, training against the collapsed simulator
+shows the collapse signatures, and every cure beats it on the unseen simulators.
+
+By default this runs ``scope lab --quick`` (one seed) into a temporary directory; with
+``SCOPE_LAB_RESULTS=DIR`` it checks a grid already run there (e.g. ``scope lab --out DIR``, three seeds).
+The thresholds are the signatures stated in the README, with the tolerances there; they are checked per
+seed, so a grid of three seeds must show them three times.
+"""
+import json
+import os
+
+import pytest
+
+from scope.lab.runner import run_lab
+
+# RL (Single) against the collapsed simulator, per seed
+TRAIN_REWARD_MIN = 0.9          # it learns to exploit the simulator
+UNSEEN_DROP_MIN = 0.08          # its held-out reward on unseen simulators falls below its own peak
+ENTROPY_RATIO_MAX = 0.4         # its policy entropy ends below 0.4x its start
+ZERO_VARIANCE_MIN = 0.6         # most of its groups end with no reward variance (no learning signal)
+CURE_MARGIN_MIN = 0.1           # every cure ends at least this far above Single on the unseen simulators
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    out = os.environ.get("SCOPE_LAB_RESULTS")
+    if out:
+        with open(os.path.join(out, "results.json")) as f:
+            return out, json.load(f)
+    out = str(tmp_path_factory.mktemp("lab"))
+    return out, run_lab(out, quick=True)
+
+
+def test_the_grid_writes_its_table_curves_and_cards(lab):
+    out, res = lab
+    for name in ("table.md", "curves.png", "results.json", "simulators.md"):
+        assert os.path.getsize(os.path.join(out, name)) > 0, name
+    assert set(res["paradigms"]) >= {"base", "single", "ensemble", "persona", "vs", "cotrain", "population"}
+
+
+def test_the_simulators_behave_as_built(lab):
+    _, res = lab
+    cards = res["simulators"]
+    # the training simulator's dominant reply: yes to the basic plan it was not asked for
+    assert cards["collapsed"]["accept|offer_favourite"] >= 0.8
+    for sim in ("careful", "strict", "terse-careful", "verbose-strict"):
+        assert cards[sim]["accept|offer_favourite"] <= 0.15, sim
+        assert cards[sim]["accept|ask_then_match"] >= 0.8, sim
+        assert cards[sim]["names_need_when_asked"] >= 0.9, sim
+
+
+def test_single_collapses(lab):
+    _, res = lab
+    for r in res["signatures"]["single"]:
+        assert r["train_reward"] >= TRAIN_REWARD_MIN, r
+        assert r["unseen_drop_from_peak"] >= UNSEEN_DROP_MIN, r
+        assert r["entropy_ratio"] < ENTROPY_RATIO_MAX, r
+        assert r["zero_variance_end"] >= ZERO_VARIANCE_MIN, r
+
+
+def test_every_cure_beats_single_on_unseen_simulators(lab):
+    _, res = lab
+    margins = res["signatures"]["cure_margin_unseen"]
+    assert set(margins) == {"ensemble", "persona", "vs", "cotrain", "population"}
+    for p, m in margins.items():
+        assert m >= CURE_MARGIN_MIN, (p, m, res["signatures"]["cure_ranking_unseen"])
