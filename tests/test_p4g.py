@@ -35,7 +35,8 @@ def test_parse_donation_is_linear_in_the_reply_length():
     import time
 
     for text in ("[DONATE $" * 20000, "[" * 40000 + "DONATE $1]", "[DONATE " + " " * 40000 + "$1]",
-                 "[DONATE $1] " * 5000):
+                 "[DONATE $1] " * 5000, "[DONATE" + " " * 40000 + "x", "[DONATE :" + " " * 40000 + "$x",
+                 "[DONATE " * 5000 + " " * 20000 + "?"):  # blank runs that end in no amount
         t0 = time.perf_counter()
         parse_donation(text)
         assert time.perf_counter() - t0 < 0.5, text[:20]  # a quadratic scan takes seconds here

@@ -149,6 +149,8 @@ def test_huge_stated_probabilities_are_normalised_without_overflow():
     assert p.ok and p.probs == pytest.approx([0.5, 0.5, 0.0], abs=1e-6) and sum(p.probs) == pytest.approx(1.0)
     p = parse('{"responses": [{"text": "a", "probability": 1e-320}, {"text": "b", "probability": 3e-320}]}')
     assert p.ok and p.probs == pytest.approx([0.25, 0.75])
+    p = parse('{"responses": [{"text": "a", "probability": 1e999}, {"text": "b", "probability": 0.9}]}')
+    assert p.ok and p.probs == [1.0, 0.0]  # an infinite statement is the largest, not nothing
 
 
 def test_an_echo_of_the_format_is_not_a_candidate_set():
@@ -158,6 +160,10 @@ def test_an_echo_of_the_format_is_not_a_candidate_set():
     assert not parse(json.dumps(json_schema(5, "prob"))).ok
     assert not parse(json.dumps(json_schema(5, "prob")["schema"])).ok
     assert not parse(instruction(3, "random")).ok
+    for echo in ('{"responses": [{"text": "string", "probability": "number"}]}', '{"responses": [{"text": "text"}]}',
+                 '{"responses": [{"text": "Response", "probability": 1}, {"text": "STR"}]}'):
+        assert not parse(echo).ok, echo  # the schema's keys and type names echoed back
+    assert parse('{"responses": [{"text": "text me later", "probability": 1}]}').ok
 
 
 @pytest.mark.parametrize("raw", [

@@ -43,7 +43,10 @@ FIELDS = [k for k, _ in BIG5] + MORAL + SCHWARTZ + STYLE + DEMO
 
 BUILTIN = os.path.join(os.path.dirname(__file__), "data", "p4g_personas.json")
 
-_MARKER = re.compile(r"\[[ \t]*DONATE[ \t]*:?[ \t]*\$?[ \t]*(-?\d{1,12}(?:\.\d{1,12})?)[ \t]*\]", re.IGNORECASE)
+# each run of blanks belongs to exactly one part of the pattern (a blank run before ":" or "$" is tried
+# only together with it), so a long run of blanks that ends in no amount fails in linear time
+_MARKER = re.compile(r"\[[ \t]*DONATE(?:[ \t]*:)?(?:[ \t]*\$)?[ \t]*(-?\d{1,12}(?:\.\d{1,12})?)[ \t]*\]",
+                     re.IGNORECASE)
 _FORCED = re.compile(r"\[DONATE \$[ \t]*(\d{1,12}(?:\.\d{1,12})?)")
 
 

@@ -84,7 +84,9 @@ class VSParse:
 _COLON = re.compile(r"\s*:\s*")
 _PROB_TAIL = re.compile(r'\s*,\s*"(?:probability|prob)"\s*:\s*(-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)')
 _CLOSE = re.compile(r"\s*\}")
-_PLACEHOLDER = re.compile(r"^(?:<[^<>]{0,60}>|\.\.\.|…)$")
+_PLACEHOLDER = re.compile(r"^(?:<[^<>]{0,60}>|\.\.\.|…|text|response|responses|probability|prob|string|str|number|float)$",
+                          re.IGNORECASE)
+"""The format's own placeholders, keys and JSON-schema type names: an echo of the request, not a reply."""
 
 
 def _items(raw: str) -> list[tuple[str, float | None, bool]]:
@@ -127,7 +129,7 @@ def _prob(v: Any) -> float:
             return 0.0
     else:
         return 0.0
-    return x if math.isfinite(x) and x > 0 else 0.0
+    return x if x > 0 and not math.isnan(x) else 0.0  # an infinite statement is the largest there is
 
 
 def parse(raw: Any, k: int = 5, method: str = "prob") -> VSParse:
@@ -171,6 +173,8 @@ def _parse(raw: Any, k: int, method: str) -> VSParse:
     top = max(probs)
     if method == "random" or top <= 0:
         probs = [1.0] * len(texts)
+    elif math.isinf(top):  # "1e999": the infinite statements share the mass
+        probs = [1.0 if math.isinf(p) else 0.0 for p in probs]
     else:  # scaled by the largest first: huge stated numbers neither overflow nor vanish
         probs = [p / top for p in probs]
     total = sum(probs)
