@@ -461,3 +461,10 @@ def test_nl_assertions_are_judged_when_a_judge_is_set(root, smol_tokenizer):
     e = run("I think so.")  # no usable verdict: not passed, and said so
     assert e.rewards["agent"] == 0.0 and "judge_error" in e.meta
     assert parse_judgement(yes, 3) is None and parse_judgement(yes, 2) == [True, True]
+
+
+def test_the_agent_is_told_how_to_end_the_dialogue_when_it_may():
+    from scope.envs.tau2.env import AGENT_STOP, agent_prompt
+
+    assert AGENT_STOP in agent_prompt("retail", "POLICY")
+    assert AGENT_STOP not in agent_prompt("retail", "POLICY", agent_stop=False)

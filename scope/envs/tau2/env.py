@@ -17,7 +17,7 @@ nothing (see ``tools.call_tool``).
 
 Ending: the user ends the dialogue with ``###STOP###``, ``###TRANSFER###`` or ``###OUT-OF-SCOPE###``;
 the agent ends it with a message to the user that contains ``###STOP###`` (``agent_stop``, on by
-default; tau2's default agent in these two domains never ends a dialogue itself). ``meta.ended_by``
+default, and the agent prompt says so; tau2's default LLM agent is not told of it and rarely ends a dialogue itself). ``meta.ended_by``
 records who did. ``max_steps`` (100, tau2's default) steps, one per message as tau2 counts them (a tool
 call and its result are two), or ``max_errors`` (10) tool errors cut the dialogue off instead.
 
@@ -86,12 +86,14 @@ def load_domain(root: str, domain: str) -> dict[str, Any]:
             "guidelines": guidelines}
 
 
-def agent_prompt(domain: str, policy: str) -> str:
+def agent_prompt(domain: str, policy: str, agent_stop: bool = True) -> str:
     schemas = "\n".join(json.dumps(t.schema()) for t in DOMAINS[domain].values())
     return (f"{policy}\n\n## Tools\nYou can call these tools (JSON schemas):\n{schemas}\n\n"
             "To call a tool, reply with only\n<tool_call>{\"name\": \"TOOL_NAME\", \"arguments\": {...}}</tool_call>\n"
             "You will get the result as <tool_result>...</tool_result>. Make one tool call at a time. "
-            "Any reply without a tool call is sent to the user.")
+            "Any reply without a tool call is sent to the user."
+            + (f" When the user's request is fully handled, you may end the conversation by writing {AGENT_STOP} "
+               "in your last message to the user." if agent_stop else ""))
 
 
 def user_prompt(guidelines: str, scenario: dict[str, Any]) -> str:
@@ -253,7 +255,7 @@ class Tau2Env(Env):
         self.pending_agent = False  # the agent made a tool call and speaks again
         self.ended_by: str | None = None
         self.nl_results: list[bool] | None = None
-        self.views["agent"] = [{"role": "system", "content": agent_prompt(self.domain, self.data["policy"])},
+        self.views["agent"] = [{"role": "system", "content": agent_prompt(self.domain, self.data["policy"], agent_stop)},
                                {"role": "assistant", "content": GREETING}]
         self.views["partner"] = [{"role": "system",
                                   "content": user_prompt(self.data["guidelines"], self.raw.get("user_scenario") or {})},
