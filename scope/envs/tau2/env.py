@@ -17,7 +17,7 @@ nothing (see ``tools.call_tool``).
 
 Ending: the user ends the dialogue with ``###STOP###``, ``###TRANSFER###`` or ``###OUT-OF-SCOPE###``;
 the agent ends it with a message to the user that contains ``###STOP###`` (``agent_stop``, on by
-default, and the agent prompt says so; tau2's default LLM agent is not told of it and rarely ends a dialogue itself). ``meta.ended_by``
+default; the agent prompt then tells the agent it may). ``meta.ended_by``
 records who did. ``max_steps`` (100, tau2's default) steps, one per message as tau2 counts them (a tool
 call and its result are two), or ``max_errors`` (10) tool errors cut the dialogue off instead.
 
