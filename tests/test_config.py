@@ -36,9 +36,14 @@ def test_shipped_configs_and_panels_are_valid_and_match_the_paper():
             assert [p.seen for p in panel.partners].count(True) == 3 and len(panel.partners) == 6, f
             assert any(p.decoding == "vs" for p in panel.partners if not p.seen)
             assert panel.episodes is None  # every test task
-    ens = cfgs["p4g_ensemble.yaml"].partner.rotation
-    seen = [p for p in load_panel(os.path.join(root, "configs", "panels", "p4g.yaml")).partners if p.seen]
-    assert [s.spec_id() for s in ens] == [p.spec_id() for p in seen]
+        if name.startswith(("p4g_", "tau2_")):  # the paper's held-out evaluation runs by default
+            assert c.eval.panel and os.path.exists(os.path.join(root, c.eval.panel)), name
+    for env, ens in (("p4g", "p4g_ensemble.yaml"), ("tau2", "tau2_retail_ensemble.yaml")):
+        # the seen simulators of a panel are the ones an ensemble trains against (single: the first)
+        seen = [p for p in load_panel(os.path.join(root, "configs", "panels", f"{env}.yaml")).partners if p.seen]
+        assert [s.spec_id() for s in cfgs[ens].partner.rotation] == [p.spec_id() for p in seen], ens
+        single = cfgs["p4g_single.yaml" if env == "p4g" else "tau2_retail.yaml"].partner
+        assert (single.temperature, single.note) == (seen[0].temperature, seen[0].note), env
 
 
 @pytest.mark.parametrize("data,needle", [
