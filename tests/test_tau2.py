@@ -468,3 +468,24 @@ def test_the_agent_is_told_how_to_end_the_dialogue_when_it_may():
 
     assert AGENT_STOP in agent_prompt("retail", "POLICY")
     assert AGENT_STOP not in agent_prompt("retail", "POLICY", agent_stop=False)
+
+
+def test_action_basis_and_bases_scope_does_not_grade(root):
+    """A later revision's ACTION basis (tau2: every gold action matched by some agent call on its
+    compare_args); a basis scope has no grader for is recorded as skipped, not silently dropped."""
+    data = load_domain(root, "retail")
+    task = next(t for t in data["tasks"].values() if (t["evaluation_criteria"].get("actions") or []))
+    task = json.loads(json.dumps(task))
+    gold = task["evaluation_criteria"]["actions"]
+    task["evaluation_criteria"]["reward_basis"] = ["ACTION", "ENV_ASSERTION"]
+    calls = [{"name": a["name"], "arguments": a.get("arguments", {})} for a in gold]
+    out = evaluate("retail", data, task, calls, [], "user")
+    assert out["action"] == 1.0 and out["reward"] == 1.0 and out["skipped_basis"] == ["ENV_ASSERTION"]
+    out = evaluate("retail", data, task, calls[:-1], [], "user")
+    assert out["action"] == 0.0 and out["reward"] == 0.0 and out["action_checks"][-1] is False
+    a = gold[-1]
+    wrong = dict(calls[-1], arguments={**(a.get("arguments") or {}), **{k: "x" for k in list(a.get("arguments") or {})[:1]}})
+    task["evaluation_criteria"]["actions"] = [dict(a, compare_args=None)]
+    assert evaluate("retail", data, task, [wrong], [], "user")["action"] == (0.0 if a.get("arguments") else 1.0)
+    task["evaluation_criteria"]["actions"] = [dict(a, compare_args=[])]  # nothing to compare: the name
+    assert evaluate("retail", data, task, [wrong], [], "user")["action"] == 1.0

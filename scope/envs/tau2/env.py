@@ -215,8 +215,30 @@ def evaluate(domain: str, data: dict, task: dict, agent_calls: list[dict], agent
             out["nl_assertion"] = 1.0 if len(nl_results) == len(assertions) and all(nl_results) else 0.0
             out["nl_assertion_results"] = dict(zip(assertions, nl_results))
             reward *= out["nl_assertion"]
+    if "ACTION" in basis:
+        checks = {json.dumps(a, sort_keys=True): action_done(a, agent_calls) for a in crit.get("actions") or []}
+        out["action"] = 1.0 if all(checks.values()) else 0.0
+        out["action_checks"] = list(checks.values())
+        reward *= out["action"]
+    other = [b for b in basis if b not in ("DB", "COMMUNICATE", "NL_ASSERTION", "ACTION")]
+    if other:  # e.g. ENV_ASSERTION (assertion functions of domains that scope does not implement)
+        out["skipped_basis"] = other
     out["reward"] = reward
     return out
+
+
+def action_done(gold: dict, agent_calls: list[dict]) -> bool:
+    """tau2's ACTION check of one gold action: some agent tool call has its name and, on the action's
+    ``compare_args`` (all its arguments when that is null), the same argument values."""
+    args = gold.get("arguments") or {}
+    keys = list(args) if gold.get("compare_args") is None else list(gold["compare_args"])
+    for call in agent_calls:
+        if call.get("name") != gold.get("name"):
+            continue
+        got = call.get("arguments") or {}
+        if {k: got[k] for k in keys if k in got} == {k: args[k] for k in keys if k in args}:
+            return True
+    return False
 
 
 NL_JUDGE_PROMPT = (
