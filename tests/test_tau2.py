@@ -489,3 +489,25 @@ def test_action_basis_and_bases_scope_does_not_grade(root):
     assert evaluate("retail", data, task, [wrong], [], "user")["action"] == (0.0 if a.get("arguments") else 1.0)
     task["evaluation_criteria"]["actions"] = [dict(a, compare_args=[])]  # nothing to compare: the name
     assert evaluate("retail", data, task, [wrong], [], "user")["action"] == 1.0
+
+
+# The gold calls that fail in the wheel's task files (lookups of a product, user or order that does not
+# exist, a refund to a payment method that is not the original one before a transfer to a human, an
+# exchange of a pending order before the modification that works, a gift card short of the difference):
+# task id -> number of failing calls.
+GOLD_FAILURES = {"retail": {"2": 1, "3": 1, "4": 1, "12": 1, "13": 1, "21": 3, "35": 1, "37": 1, "38": 1, "39": 1,
+                            "46": 2, "47": 2, "54": 1, "55": 1, "64": 1, "67": 2, "68": 1, "105": 1},
+                 "airline": {}}
+
+
+@pytest.mark.parametrize("domain", ["retail", "airline"])
+def test_gold_actions_fail_only_where_they_fail_upstream(root, domain):
+    """A gold write that scope's tools refused would change neither database, so the DB check would still
+    pass: pin the gold calls that fail, so that a tool made stricter than tau2's shows here."""
+    data = load_domain(root, domain)
+    failures = {}
+    for tid, t in data["tasks"].items():
+        _, err = replay(domain, data["db"], (t.get("evaluation_criteria") or {}).get("actions") or [])
+        if err:
+            failures[tid] = len(err)
+    assert failures == GOLD_FAILURES[domain]
