@@ -123,3 +123,17 @@ def test_csv_with_missing_columns_is_a_clear_error(tmp_path):
         load_csv_personas(str(tmp_path))
     with pytest.raises(FileNotFoundError, match="full_info.csv"):
         load_csv_personas(str(tmp_path / "nope"))
+
+
+def test_real_personas_come_from_the_data_dir_or_the_environment(tmp_path, monkeypatch):
+    data = shared_path("data", "p4g")
+    train = PersuasionForGood.load_tasks("train", personas="real", data_dir=data)
+    test = PersuasionForGood.load_tasks("test", personas="real", data_dir=data)
+    assert len(train) + len(test) >= 1000  # one task per persuadee row of full_info.csv
+    assert {t.data["user_id"] for t in train}.isdisjoint({t.data["user_id"] for t in test})
+    monkeypatch.setenv("SCOPE_P4G_DATA", data)
+    assert [t.id for t in PersuasionForGood.load_tasks("test", personas="real")] == [t.id for t in test]
+    monkeypatch.delenv("SCOPE_P4G_DATA")
+    with pytest.raises(FileNotFoundError, match="SCOPE_P4G_DATA") as e:
+        PersuasionForGood.load_tasks("train", personas="real", data_dir=str(tmp_path))
+    assert str(tmp_path) in str(e.value)

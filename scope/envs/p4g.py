@@ -80,6 +80,10 @@ def resolve_data_dir(path: str | None = None) -> str:
     if not d:
         raise FileNotFoundError("P4G data: personas 'real' reads the participants of Persuasion for Good from "
                                 "full_info.csv; set env.options.data_dir or SCOPE_P4G_DATA to its directory")
+    if not os.path.exists(os.path.join(d, "full_info.csv")):
+        src = "env.options.data_dir" if path else "SCOPE_P4G_DATA"
+        raise FileNotFoundError(f"P4G data: {os.path.join(d, 'full_info.csv')} not found ({src} = {d!r}); personas "
+                                "'real' need the original full_info.csv there (env.options.data_dir or SCOPE_P4G_DATA)")
     return d
 
 
