@@ -216,3 +216,24 @@ def test_training_logs_the_variance_decomposition(tmp_path):
         assert m["collapse/total_var"] == pytest.approx(m["collapse/partner_var"] + m["collapse/agent_var"])
         assert m["collapse/partner_var"] >= 0 and m["collapse/agent_var"] >= 0
         assert m["collapse/tasks"] == 2 and 0 <= m["collapse/modal_mass"] <= 1
+
+
+def test_a_panel_plays_every_task_of_the_split_by_default():
+    from scope.envs import get_env
+    from scope.eval import Panel, panel_jobs
+    from scope.partners.sources import Binding
+    from scope.types import SamplingParams
+
+    panel = Panel(partners=[{"id": "a", "seen": True, "model": "m"}, {"id": "b", "seen": False, "model": "m"}],
+                  repeats=2)
+    agent = Binding("agent", object(), SamplingParams())
+    jobs, owner = panel_jobs(agent, panel, {"m": object()}, "lab", {}, "test", seed=0)
+    tasks = sorted(t.id for t in get_env("lab").load_tasks("test"))
+    for pid in ("a", "b"):
+        mine = [j.episode.task_id for j, p in zip(jobs, owner) if p.spec_id() == pid]
+        assert sorted(mine) == sorted(tasks * 2)  # every test task, repeats times
+    again, _ = panel_jobs(agent, panel, {"m": object()}, "lab", {}, "test", seed=0)
+    assert [j.env.rng.random() for j in again] == [j.env.rng.random() for j in panel_jobs(
+        agent, panel, {"m": object()}, "lab", {}, "test", seed=0)[0]]  # the same environment seeds each time
+    capped, _ = panel_jobs(agent, Panel(partners=panel.partners, episodes=3), {"m": object()}, "lab", {}, "test", 0)
+    assert len(capped) == 6
