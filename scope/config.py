@@ -48,6 +48,9 @@ class ModelConfig(Strict):
     """openai: the completion-token limit of every request to this endpoint (in place of the role's
     ``max_new_tokens``, which is sized for local models): reasoning models spend tokens before they
     answer, and a reply cut off at the limit ends its episode as truncated."""
+    token_limit_field: Literal["max_tokens", "max_completion_tokens"] = "max_tokens"
+    """The request field that carries ``max_tokens``: OpenAI's reasoning models take only
+    ``max_completion_tokens``; vLLM and most other servers take either."""
 
     @model_validator(mode="after")
     def _openai_fields(self):

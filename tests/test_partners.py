@@ -262,3 +262,8 @@ def test_endpoint_requests_use_the_models_token_limit_and_report_truncation():
     ref.client = SimpleNamespace(chat=SimpleNamespace(completions=SimpleNamespace(create=create)))
     out = ref.chat_generate([[{"role": "user", "content": "hi"}]], SamplingParams(max_new_tokens=40))
     assert seen[0]["max_tokens"] == 4096 and out[0].finish_reason == "length"
+    ref = OpenAIRef.from_config("api", ModelConfig(backend="openai", base_url="http://127.0.0.1:9/v1", model_name="o",
+                                                   api_key_env=None, token_limit_field="max_completion_tokens"))
+    ref.client = SimpleNamespace(chat=SimpleNamespace(completions=SimpleNamespace(create=create)))
+    ref.chat_generate([[{"role": "user", "content": "hi"}]], SamplingParams(max_new_tokens=40))
+    assert seen[1]["max_completion_tokens"] == 4096 and "max_tokens" not in seen[1]  # OpenAI's reasoning models

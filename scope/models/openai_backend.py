@@ -41,11 +41,13 @@ class OpenAIRef:
 
     def __init__(self, id: str, base_url: str, model: str, api_key_env: str | None = "OPENAI_API_KEY",
                  timeout: float = 60.0, concurrency: int = 8, max_retries: int = 4, backoff: float = 0.5,
-                 json_schema: bool = False, seed: int = 0, max_tokens: int | None = None):
+                 json_schema: bool = False, seed: int = 0, max_tokens: int | None = None,
+                 token_limit_field: str = "max_tokens"):
         import openai
 
         key = os.environ.get(api_key_env, "") if api_key_env else ""
         self.id, self.model, self.json_schema, self.max_tokens = id, model, json_schema, max_tokens
+        self.token_limit_field = token_limit_field
         self.max_retries, self.backoff, self.concurrency = max_retries, backoff, concurrency
         self.client = openai.OpenAI(base_url=base_url, api_key=key or "EMPTY", timeout=timeout, max_retries=0)
         self.stats = OpenAIStats()
@@ -59,7 +61,8 @@ class OpenAIRef:
         """The client of a ``models.<name>`` entry with ``backend: openai``."""
         return cls(id=name, base_url=mc.base_url, model=mc.model_name, api_key_env=mc.api_key_env,
                    timeout=mc.timeout, concurrency=mc.concurrency, max_retries=mc.max_retries, backoff=mc.backoff,
-                   json_schema=mc.json_schema, seed=seed, max_tokens=mc.max_tokens)
+                   json_schema=mc.json_schema, seed=seed, max_tokens=mc.max_tokens,
+                   token_limit_field=mc.token_limit_field)
 
     def drop_sessions(self, keys) -> None:
         pass
@@ -72,8 +75,8 @@ class OpenAIRef:
 
     def _one(self, messages: list[dict[str, str]], sp: SamplingParams,
              response_format: dict[str, Any] | None) -> Completion:
-        kw: dict[str, Any] = dict(model=self.model, messages=messages, temperature=sp.temperature,
-                                  max_tokens=self.max_tokens or sp.max_new_tokens)
+        kw: dict[str, Any] = dict(model=self.model, messages=messages, temperature=sp.temperature)
+        kw[self.token_limit_field] = self.max_tokens or sp.max_new_tokens
         if sp.top_p < 1.0:
             kw["top_p"] = sp.top_p
         if sp.stop:
