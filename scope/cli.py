@@ -220,8 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     da.add_argument("dir", nargs="?", default="data/tau2")
     da.set_defaults(fn=cmd_data)
     lb = sub.add_parser("lab", help="the collapse lab: every paradigm x seeds, a held-out table and curves")
-    lb.add_argument("--quick", action="store_true", help="one seed, half the steps (about 5 minutes once the "
-                    "lab's models are built)")
+    lb.add_argument("--quick", action="store_true", help="one seed, half the steps (about 4 minutes here once the "
+                    "lab's models are built; building them takes about 9 minutes, once)")
     lb.add_argument("--out", help="output directory (default runs/lab, or runs/lab-quick)")
     lb.add_argument("--seeds", type=int, default=3)
     lb.add_argument("--paradigms", help="comma-separated subset of base,single,ensemble,persona,vs,cotrain,population")

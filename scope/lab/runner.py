@@ -204,13 +204,13 @@ def table(results: dict[str, Any]) -> str:
     lines = ["| paradigm | held-out seen | held-out unseen | held-out all | training reward | entropy start -> end | "
              "zero-variance (end) | seeds |", "|---|---|---|---|---|---|---|---|"]
     for p, r in rows.items():
-        pm = lambda k: f"{_f(r[k])} ± {_f(r[k + '_std'])}"  # noqa: E731
+        pm = lambda k: _f(r[k]) if r["seeds"] < 2 else f"{_f(r[k])} ± {_f(r[k + '_std'])}"  # noqa: E731
         ent = "n/a" if math.isnan(r["entropy_start"]) else f"{_f(r['entropy_start'], 2)} -> {_f(r['entropy_end'], 2)}"
         lines.append(f"| {LABELS[p]} | {pm('seen')} | {pm('unseen')} | {pm('all')} | "
                      f"{'n/a' if math.isnan(r['train_reward']) else pm('train_reward')} | {ent} | "
                      f"{_f(r['zero_variance_end'], 2)} | {r['seeds']} |")
     noise = [r["noise_unseen_se"] for r in rows.values() if not math.isnan(r["noise_unseen_se"])]
-    lines += ["", "Mean ± std over seeds of the final held-out reward (the panel's mean per simulator group). "
+    lines += ["", "Mean ± std over seeds (one seed: the value) of the final held-out reward (the panel's mean per simulator group). "
                   f"Evaluation noise: the standard error of one run's unseen mean is about "
                   f"{_f(sum(noise) / len(noise) if noise else float('nan'))} (seen: "
                   f"{_f(_mean_std([r['noise_seen_se'] for r in rows.values()])[0])})."]
