@@ -109,7 +109,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     agent = spec_binding(cfg.agent, refs[cfg.agent.model])
     partner = spec_binding(cfg.partner, refs[cfg.partner.model])
     res = diagnose(agent, partner, cfg.env.name, cfg.env.options, args.split, n_tasks=args.tasks, group=args.group,
-                   resamples=args.resamples, seed=cfg.run.seed)
+                   resamples=args.resamples, seed=cfg.run.seed, end_on_truncation=cfg.rollout.end_on_truncation)
     print(json.dumps(res, indent=1))
     if args.out:
         with open(args.out, "w") as f:

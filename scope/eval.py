@@ -224,13 +224,14 @@ class ReplayRef:
 
 def nested_variance(episodes: list[Episode], tasks: dict[str, Any], agent_sampling: SamplingParams,
                     partner_of, env_name: str, env_options: dict, resamples: int, rng: random.Random,
-                    max_context: int = 4096, classify=None) -> dict[str, float]:
+                    max_context: int = 4096, classify=None, end_on_truncation: bool = True) -> dict[str, float]:
     """Split the reward variance into partner and agent parts by nested resampling, within each task.
 
     Each given dialogue's agent turns are replayed verbatim against ``resamples`` fresh samples of its
     partner (``partner_of(episode)`` gives the binding). Per task, partner part = E[Var(R | agent turns)]
     and agent part = Var(E[R | agent turns]) over that task's dialogues, then averaged over tasks, so give
-    several dialogues per task. With ``classify``, also the partner's behaviour modal mass over the
+    several dialogues per task. Truncated replies end a replay as they end a training rollout
+    (``end_on_truncation``). With ``classify``, also the partner's behaviour modal mass over the
     resamples (which meet the same dialogue state at least at their first partner turn).
     """
     env_cls = get_env(env_name)
@@ -250,7 +251,7 @@ def nested_variance(episodes: list[Episode], tasks: dict[str, Any], agent_sampli
                                     "partner": partner_of(e)},
                               uid=30_000_000 + k * resamples + j))
             owners.append(k)
-    eps, _ = run_rollouts(nested, max_context=max_context, end_on_truncation=False)
+    eps, _ = run_rollouts(nested, max_context=max_context, end_on_truncation=end_on_truncation)
     rows: dict[int, list[float]] = {}
     for e, k in zip(eps, owners):
         if not e.failed:
@@ -267,7 +268,8 @@ def nested_variance(episodes: list[Episode], tasks: dict[str, Any], agent_sampli
 
 
 def diagnose(agent: Binding, partner: Binding, env_name: str, env_options: dict, split: str,
-             n_tasks: int = 4, group: int = 8, resamples: int = 4, seed: int = 0) -> dict[str, Any]:
+             n_tasks: int = 4, group: int = 8, resamples: int = 4, seed: int = 0,
+             end_on_truncation: bool = True) -> dict[str, Any]:
     """Partner collapse without training: behaviour classes and similarity over G rollouts per task, the
     variance decomposition from ``resamples`` partner replays per first-stage rollout, and the partner's
     modal mass where those replays meet the same dialogue state."""
@@ -280,7 +282,7 @@ def diagnose(agent: Binding, partner: Binding, env_name: str, env_options: dict,
             jobs.append(Job(env=env_cls(task, random.Random(rng.random()), **env_options),
                             episode=Episode(task.id, f"diag:{ti}", g), refs={"agent": agent, "partner": partner},
                             uid=20_000_000 + ti * group + g))
-    first, _ = run_rollouts(jobs, end_on_truncation=False)
+    first, _ = run_rollouts(jobs, end_on_truncation=end_on_truncation)
     classify = CLASSIFIERS.get(env_name, lambda t: "other")
     out: dict[str, Any] = {"behaviour": behaviour_stats(first, classify),
                            "partner_similarity": group_similarity(first, "partner"),
@@ -288,7 +290,7 @@ def diagnose(agent: Binding, partner: Binding, env_name: str, env_options: dict,
     base = [e for e in first if not e.failed]
     out["variance"] = nested_variance(base, {e.task_id: t for e in base for t in tasks if t.id == e.task_id},
                                       agent.sampling, lambda e: partner, env_name, env_options, resamples, rng,
-                                      classify=classify)
+                                      classify=classify, end_on_truncation=end_on_truncation)
     if "modal_mass" in out["variance"]:  # at the replayed states, where every resample meets the same history
         out["modal_mass"] = out["variance"].pop("modal_mass")
     out["first_stage_reward_mean"] = sum(e.rewards.get("agent", 0.0) for e in base) / max(len(base), 1)

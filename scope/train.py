@@ -283,7 +283,8 @@ def decompose(cfg: Config, jobs: list[Job], episodes: list[Episode], rng: random
     firsts = [e for g in list(groups.values())[:d.decompose_tasks] for e in g[:d.decompose_samples]]
     v = nested_variance(firsts, tasks, jobs[0].refs["agent"].sampling, lambda e: binding[id(e)], cfg.env.name,
                         cfg.env.options, d.decompose_resamples, random.Random(rng.random()),
-                        max_context=cfg.rollout.max_context, classify=classify)
+                        max_context=cfg.rollout.max_context, classify=classify,
+                        end_on_truncation=cfg.rollout.end_on_truncation)
     return {f"collapse/{k}_var" if k in ("total", "partner", "agent") else f"collapse/{k}": val
             for k, val in v.items() if not math.isnan(val)}
 

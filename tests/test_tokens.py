@@ -1,4 +1,5 @@
 """Token in, token out: the trace built turn by turn is exactly the chat template of the dialogue."""
+import pytest
 import random
 
 from scope.envs import get_env
@@ -118,3 +119,26 @@ def test_truncation_is_handled_alike_in_training_and_evaluation(smol_tokenizer):
         assert res["per_partner"]["p"]["truncated"] == (2 if end else 0)
         assert ({e["status"] for e in res["episodes"]} == {"truncated"}) == end
         assert all(e["meta"]["truncated_replies"]["agent"] >= 1 for e in res["episodes"])
+
+
+def test_the_variance_decomposition_ends_cut_off_replays_as_training_does(smol_tokenizer):
+    """Replays whose partner reply is cut off end as truncated, as in training, unless end_on_truncation is
+    off (then they go on, and here the persuadee gives on the next turn)."""
+    import random
+
+    from scope.envs import get_env
+    from scope.eval import nested_variance
+    from scope.partners.sources import Binding
+    from scope.types import Episode
+
+    task = get_env("p4g").load_tasks("test")[0]
+    ep = Episode(task.id, "g", 0)
+    ep.messages = [{"role": "agent", "content": "Would you donate?"}, {"role": "agent", "content": "Please?"}]
+    parts = {}
+    for end in (True, False):  # two dialogues x two replays; the first replay of each is cut off on turn 1
+        replies = ["Hmm, let me think."] * 4 + ["Fine. [DONATE $2]"] * 4
+        partner = Binding("p", ScriptedRef(smol_tokenizer, replies, cut_off={0, 2}), SamplingParams(max_new_tokens=64))
+        parts[end] = nested_variance([ep, ep], {task.id: task}, SamplingParams(), lambda e: partner, "p4g",
+                                     {"max_turns": 2}, 2, random.Random(0), end_on_truncation=end)
+    assert parts[True]["partner"] == pytest.approx(0.25) and parts[True]["agent"] == 0.0
+    assert parts[False]["partner"] == 0.0 and parts[False]["total"] == 0.0
