@@ -18,7 +18,7 @@ import time
 import torch
 
 from scope.models import local
-from scope.models.local import _make_cache, _n_layers, load_backend
+from scope.models.local import _cache_kw, _make_cache, _n_layers, load_backend
 
 
 @torch.inference_mode()
@@ -26,12 +26,12 @@ def decode_ms(model, rows: int, ctx: int, steps: int) -> float:
     cache = _make_cache(_n_layers(model), ctx + steps + 1)
     att = torch.ones(rows, ctx + steps + 1, dtype=torch.long)
     att[0, :5] = 0  # one padded row, as in a real batch
-    model(input_ids=torch.randint(0, 40000, (rows, ctx)), attention_mask=att[:, :ctx], past_key_values=cache,
+    model(input_ids=torch.randint(0, 40000, (rows, ctx)), attention_mask=att[:, :ctx], **{_cache_kw(model): cache},
           use_cache=True, logits_to_keep=1)
     tok = torch.randint(0, 40000, (rows, 1))
     t = time.perf_counter()
     for s in range(steps):
-        model(input_ids=tok, attention_mask=att[:, :ctx + s + 1], past_key_values=cache, use_cache=True,
+        model(input_ids=tok, attention_mask=att[:, :ctx + s + 1], **{_cache_kw(model): cache}, use_cache=True,
               logits_to_keep=1)
     return (time.perf_counter() - t) / steps * 1000
 

@@ -234,11 +234,22 @@ def main(argv: list[str] | None = None) -> int:
     pl.add_argument("--out", default="plots")
     pl.set_defaults(fn=cmd_plot)
     args = p.parse_args(argv)
+    _quiet_libraries()
     try:
         return args.fn(args)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+
+
+def _quiet_libraries() -> None:
+    """scope prints its own progress: the libraries' loading and saving progress bars are turned off."""
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    except ImportError:  # pragma: no cover
+        pass
 
 
 if __name__ == "__main__":

@@ -192,11 +192,11 @@ def test_folded_gqa_attention_equals_sdpa():
     att[2, :7] = 0
 
     def run():
-        from scope.models.local import _make_cache
+        from scope.models.local import _cache_kw, _make_cache
         with torch.no_grad():
             cache = _make_cache(2, 13)
-            a = b.model(input_ids=ids, attention_mask=att[:, :12], past_key_values=cache, use_cache=True).logits
-            c = b.model(input_ids=ids[:, :1], attention_mask=att, past_key_values=cache, use_cache=True).logits
+            a = b.model(input_ids=ids, attention_mask=att[:, :12], **{_cache_kw(b.model): cache}, use_cache=True).logits
+            c = b.model(input_ids=ids[:, :1], attention_mask=att, **{_cache_kw(b.model): cache}, use_cache=True).logits
         return a, c
 
     ours = run()

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 import os
+import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -61,7 +63,9 @@ class LocalBackend:
                          target_modules=list(target_modules) if not isinstance(target_modules, str)
                          else target_modules, task_type="CAUSAL_LM")
         if not self.is_peft:
-            self.model = get_peft_model(self.model, cfg, adapter_name=name)
+            with warnings.catch_warnings():  # PEFT reads transformers' deprecated is_gradient_checkpointing
+                warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+                self.model = get_peft_model(self.model, cfg, adapter_name=name)
         else:
             self.model.add_adapter(name, cfg)
         self.versions[name] = 0
@@ -175,7 +179,7 @@ class LocalBackend:
             return
         device = next(model.parameters()).device
         cache = _make_cache(_n_layers(model), n)
-        model(input_ids=torch.tensor([first[:n]], device=device), past_key_values=cache, use_cache=True,
+        model(input_ids=torch.tensor([first[:n]], device=device), **{_cache_kw(model): cache}, use_cache=True,
               logits_to_keep=1)
         entry = _KVEntry(list(first[:n]), [[(l.slab_kt[0, :, :, :n], l.slab_v[0, :, :n])] for l in cache.layers],
                          None, -1)
@@ -328,6 +332,19 @@ def _slab_layer_class():
     return _SlabLayer
 
 
+_CACHE_KW: dict[type, str] = {}
+
+
+def _cache_kw(model) -> str:
+    """The forward argument that takes a key/value cache: ``cache`` in recent transformers, which warn on
+    the older ``past_key_values`` (still the only name in older releases)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    kind = type(base)
+    if kind not in _CACHE_KW:
+        _CACHE_KW[kind] = "cache" if "cache" in inspect.signature(kind.forward).parameters else "past_key_values"
+    return _CACHE_KW[kind]
+
+
 def _make_cache(n_layers: int, cap: int):
     from transformers.cache_utils import Cache
 
@@ -433,7 +450,7 @@ def _decode(model, tokenizer, prompts, sp: SamplingParams, eos_ids, pad_id, gen,
             if layer.slab_kt is not None:
                 layer._views()
         parts.append(model(input_ids=ids[rr, D - w:], attention_mask=att[rr, :cur], position_ids=pos[rr, D - w:],
-                           past_key_values=cache, use_cache=True, logits_to_keep=1, **prefix).logits[:, -1, :])
+                           **{_cache_kw(model): cache}, use_cache=True, logits_to_keep=1, **prefix).logits[:, -1, :])
         s0 = s1
     for layer in cache.layers:
         layer.rows, layer.n = slice(None), cur
@@ -512,7 +529,7 @@ def _decode(model, tokenizer, prompts, sp: SamplingParams, eos_ids, pad_id, gen,
         att[:, cur] = 1
         cur += 1
         logits = model(input_ids=tok[:, None], attention_mask=att[:, :cur], position_ids=next_pos[:, None],
-                       past_key_values=cache, use_cache=True, logits_to_keep=1, **prefix).logits[:, -1, :]
+                       **{_cache_kw(model): cache}, use_cache=True, logits_to_keep=1, **prefix).logits[:, -1, :]
         next_pos = next_pos + 1
     if keep_kv:  # the rows still in the slab keep views of it (the slab lives as long as their sessions),
         # or copies where they fill less than half of it (compaction leaves the slab its first size)
