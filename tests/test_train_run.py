@@ -91,3 +91,15 @@ def test_cli_resume(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "resumed from step 1" in r.stdout
     assert [m["step"] for m in read_metrics(str(run))] == [1, 2]
+
+
+def test_a_run_raises_no_library_deprecation_warnings(tmp_path):
+    """A normal run shows scope's own lines, not transformers' or PEFT's FutureWarnings that scope causes."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train(tiny_cfg(tmp_path / "w", steps=1, save_every=1), log=lambda s: None)
+    future = [str(w.message) for w in caught if issubclass(w.category, (FutureWarning, DeprecationWarning))
+              and "scope" not in str(w.filename)]
+    assert not [m for m in future if "past_key_values" in m or "is_gradient_checkpointing" in m], future
