@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo demo-p4g lab lab-quick test test-lab bench clean
+.PHONY: install demo demo-p4g lab lab-quick test test-lab test-soak bench clean
 
 install: $(STAMP)
 
@@ -37,6 +37,10 @@ test: install
 # The lab end to end (builds its models, runs `scope lab --quick`, checks the collapse signatures).
 test-lab: install
 	SCOPE_LAB_TESTS=1 $(PY) -m pytest -q tests/lab
+
+# Kill a tiny training run (plain and population) 20 times at random moments and resume it each time.
+test-soak: install
+	SCOPE_SOAK_TESTS=1 $(PY) -m pytest -q -s tests/soak
 
 bench: install
 	$(PY) benchmarks/rollout_throughput.py

@@ -23,7 +23,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     else:
         print("error: give --config FILE or --resume RUN_DIR", file=sys.stderr)
         return 2
-    train(cfg, resume=bool(args.resume), log=lambda s: print(s, flush=True))
+    from .train import RunFailed
+
+    try:
+        train(cfg, resume=bool(args.resume), log=lambda s: print(s, flush=True))
+    except RunFailed as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)  # no inf/nan values
 
 
 class LoraConfig(Strict):
@@ -163,8 +163,8 @@ class TrainConfig(Strict):
     lr: float = Field(1e-6, gt=0)
     betas: tuple[float, float] = (0.9, 0.98)
     weight_decay: float = Field(0.1, ge=0)
-    eps_low: float = Field(0.2, ge=0)
-    eps_high: float = Field(0.28, ge=0)
+    eps_low: float = Field(0.2, gt=0, lt=1)
+    eps_high: float = Field(0.28, gt=0, lt=1)
     kl_coef: float = Field(0.005, ge=0)
     grad_clip: float = Field(1.0, gt=0)
     micro_batch_tokens: int = Field(4096, ge=16)
@@ -174,6 +174,9 @@ class TrainConfig(Strict):
     no_signal_warn: int = Field(3, ge=1)
     """Warn when a trainable role's updates carried no signal (every advantage 0, or a zero gradient)
     for this many consecutive steps."""
+    max_failed_steps: int = Field(3, ge=1)
+    """Stop the run with an error naming the cause once every episode of this many consecutive steps has
+    failed (a dead endpoint, a bad environment option): it can no longer learn anything."""
 
 
 class EvalConfig(Strict):

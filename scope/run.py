@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 from typing import Any
 
@@ -12,6 +13,82 @@ import torch
 
 from .config import Config, dump_config
 from .types import Episode
+
+STEP_DIR = re.compile(r"step_\d{6}$")
+
+
+def fsync_tree(path: str) -> None:
+    """Flush every file under ``path`` and the directories themselves to disk (before a rename publishes them)."""
+    for root, dirs, files in os.walk(path):
+        for name in files:
+            fd = os.open(os.path.join(root, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        _fsync_dir(root)
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def publish_dir(tmp: str, final: str) -> None:
+    """Make the finished directory ``tmp`` the new ``final`` so that a crash at any moment leaves either the
+    old or the new one in place: the old one is renamed aside (``final.old``) before the new one is renamed in,
+    and removed after; :func:`recover_dir` puts it back if a crash came in between."""
+    fsync_tree(tmp)
+    old = final + ".old"
+    shutil.rmtree(old, ignore_errors=True)
+    if os.path.exists(final):
+        os.replace(final, old)
+    os.replace(tmp, final)
+    _fsync_dir(os.path.dirname(os.path.abspath(final)))
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def recover_dir(final: str) -> None:
+    """Undo what a crash inside :func:`publish_dir` or before it left behind: the old directory comes back
+    if the new one never arrived; an unpublished ``final.tmp`` is removed."""
+    old = final + ".old"
+    if os.path.exists(old):
+        if os.path.exists(final):
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(old, final)
+    shutil.rmtree(final + ".tmp", ignore_errors=True)
+
+
+def write_atomic(path: str, text: str) -> None:
+    """Replace a file's content in one rename (written and flushed to a temporary file first)."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+
+def _json_lines(path: str) -> list[dict[str, Any]]:
+    """The JSON lines of ``path``; a last line torn by a crash mid-write is left out, a bad line elsewhere
+    is an error that names it."""
+    with open(path) as f:
+        lines = [ln for ln in f.read().split("\n")]
+    out = []
+    for i, ln in enumerate(lines):
+        if not ln.strip():
+            continue
+        try:
+            out.append(json.loads(ln))
+        except json.JSONDecodeError:
+            if any(x.strip() for x in lines[i + 1:]):
+                raise ValueError(f"{path}: line {i + 1} is not JSON (the file is damaged)") from None
+    return out
 
 
 class RunDir:
@@ -51,11 +128,9 @@ class MetricsLogger:
 
     def __init__(self, run: RunDir, start_step: int = 0):
         self.path = run.file("metrics.jsonl")
-        if os.path.exists(self.path):
-            with open(self.path) as f:
-                keep = [ln for ln in f if ln.strip() and json.loads(ln).get("step", 0) <= start_step]
-            with open(self.path, "w") as f:
-                f.writelines(keep)
+        if os.path.exists(self.path):  # drop what came after the checkpoint (and a line torn by the crash)
+            keep = [m for m in _json_lines(self.path) if m.get("step", 0) <= start_step]
+            write_atomic(self.path, "".join(json.dumps(m) + "\n" for m in keep))
         self.tb = None
         try:
             from torch.utils.tensorboard import SummaryWriter
@@ -70,6 +145,8 @@ class MetricsLogger:
         clean["step"] = step
         with open(self.path, "a") as f:
             f.write(json.dumps(clean) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
         if self.tb is not None:
             for k, v in clean.items():
                 if k != "step" and isinstance(v, float):
@@ -84,8 +161,7 @@ class MetricsLogger:
 def read_metrics(path: str) -> list[dict[str, Any]]:
     if os.path.isdir(path):
         path = os.path.join(path, "metrics.jsonl")
-    with open(path) as f:
-        return [json.loads(ln) for ln in f if ln.strip()]
+    return _json_lines(path)
 
 
 def save_weights(backend, adapter: str | None, out: str) -> None:
@@ -100,17 +176,21 @@ def save_weights(backend, adapter: str | None, out: str) -> None:
 class Checkpointer:
     """``checkpoints/step_NNNNNN/``: adapters or weights, optimizer states, RNG states, step, config.
 
-    Written to a temporary directory and renamed into place, so a crash mid-save never damages the
-    previous checkpoint; only the newest ``keep_checkpoints`` are kept.
+    Written to a temporary directory, flushed to disk and renamed into place, so a crash at any moment
+    leaves every published checkpoint whole; a half-written ``step_N.tmp`` is never chosen and is removed
+    when the run starts again. Only the newest ``keep_checkpoints`` are kept.
     """
 
     def __init__(self, run: RunDir, cfg: Config):
         self.root = run.file("checkpoints")
         self.cfg = cfg
         os.makedirs(self.root, exist_ok=True)
+        for d in os.listdir(self.root):  # what a crash mid-save left behind
+            if STEP_DIR.match(d.split(".")[0]) and d != d.split(".")[0]:
+                recover_dir(os.path.join(self.root, d.split(".")[0]))
 
     def list(self) -> list[str]:
-        return sorted(d for d in os.listdir(self.root) if d.startswith("step_") and
+        return sorted(d for d in os.listdir(self.root) if STEP_DIR.fullmatch(d) and
                       os.path.exists(os.path.join(self.root, d, "state.pt")))
 
     def save(self, step: int, backends, learners, sampler, env_rng: random.Random, sources=None) -> str:
@@ -126,7 +206,7 @@ class Checkpointer:
             "sampler": sampler.state_dict(),
             "env_rng": env_rng.getstate(),
             "python_rng": random.getstate(),
-            "numpy_rng": np.random.get_state(),
+            "numpy_rng": _numpy_state(),
             "torch_rng": torch.get_rng_state(),
             "generators": {k: b.generator.get_state() for k, b in backends.items()},
             "sources": {r: s.state_dict() for r, s in (sources or {}).items()},
@@ -137,9 +217,7 @@ class Checkpointer:
         torch.save(state, os.path.join(tmp, "state.pt"))
         with open(os.path.join(tmp, "config.yaml"), "w") as f:
             f.write(dump_config(self.cfg))
-        if os.path.exists(final):
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+        publish_dir(tmp, final)
         for old in self.list()[:-self.cfg.run.keep_checkpoints]:
             shutil.rmtree(os.path.join(self.root, old), ignore_errors=True)
         return final
@@ -149,7 +227,7 @@ class Checkpointer:
         if not done:
             return 0
         path = os.path.join(self.root, done[-1])
-        state = torch.load(os.path.join(path, "state.pt"), weights_only=False)
+        state = torch.load(os.path.join(path, "state.pt"), weights_only=True)  # tensors and plain data only
         for role, learner in learners.items():
             src = os.path.join(path, role)
             if learner.adapter is not None:
@@ -169,7 +247,7 @@ class Checkpointer:
         sampler.load_state_dict(state["sampler"])
         env_rng.setstate(state["env_rng"])
         random.setstate(state["python_rng"])
-        np.random.set_state(state["numpy_rng"])
+        np.random.set_state(_numpy_state_back(state["numpy_rng"]))
         torch.set_rng_state(state["torch_rng"])
         for k, b in backends.items():
             if k in state["generators"]:
@@ -184,3 +262,15 @@ class Checkpointer:
         return int(state["step"])
 
 
+
+
+def _numpy_state() -> tuple:
+    """numpy's global RNG state in plain types (a checkpoint is loaded with ``weights_only``)."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    return kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)
+
+
+def _numpy_state_back(st) -> tuple:
+    kind, keys, pos, has_gauss, cached = st
+    return kind, np.asarray(keys.numpy() if isinstance(keys, torch.Tensor) else keys, dtype=np.uint32), pos, \
+        has_gauss, cached

@@ -28,7 +28,7 @@ from .learner import Learner, LearnerConfig, group_advantages
 from .partners.rewards import apply_partner_reward, baseline_of
 from .diagnostics import CLASSIFIERS, behaviour_stats, group_similarity
 from .rollout import Job, run_rollouts
-from .run import Checkpointer, MetricsLogger, RunDir, rollout_records, save_weights
+from .run import Checkpointer, MetricsLogger, RunDir, publish_dir, recover_dir, rollout_records, save_weights
 from .setup import build_judge, build_models
 from .types import Episode, Task
 
@@ -98,8 +98,8 @@ def train(cfg: Config, resume: bool = False, on_step_end: Callable[[int], None] 
         owner = "agent" if rc.self_play else role
         if owner not in learners:
             ref = trainable[owner]
-            lc = LearnerConfig(**cfg.train.model_dump(exclude={"steps", "success_threshold", "no_signal_warn", "lr",
-                                                               "kl_coef"}),
+            lc = LearnerConfig(**cfg.train.model_dump(exclude={"steps", "success_threshold", "no_signal_warn",
+                                                               "max_failed_steps", "lr", "kl_coef"}),
                                lr=rc.lr or cfg.train.lr, temperature=rc.temperature,
                                kl_coef=cfg.train.kl_coef if rc.kl_coef is None else rc.kl_coef)
             learners[owner] = Learner(ref.backend, ref.adapter, lc)
@@ -122,6 +122,8 @@ def train(cfg: Config, resume: bool = False, on_step_end: Callable[[int], None] 
         if cfg.eval.panel and "agent" in trainable else None
     classify = CLASSIFIERS.get(cfg.env.name)
     no_signal = {owner: 0 for owner in learners}
+    dead_steps = 0  # consecutive steps in which every episode failed
+    endpoint_seen: dict[str, dict[str, int]] = {}  # each endpoint's counters at the end of the last step
     log(f"training {list(learners)} on {len(tasks)} {cfg.env.name} tasks ({cfg.env.train_split}); "
         f"{cfg.rollout.n_tasks} tasks x G={cfg.rollout.group_size} per step; run dir {run.path}")
     if evaluator is not None and start == 0 and cfg.eval.at_start:
@@ -134,7 +136,13 @@ def train(cfg: Config, resume: bool = False, on_step_end: Callable[[int], None] 
                                         end_on_truncation=cfg.rollout.end_on_truncation, progress=progress,
                                         judge=judge)
         t1 = time.time()
-        m: dict[str, float] = {"step": step, **episode_metrics(episodes)}
+        dead_steps = dead_steps + 1 if all(e.failed for e in episodes) else 0
+        if dead_steps >= cfg.train.max_failed_steps:
+            metrics_log.close()
+            raise RunFailed(f"every episode of the last {dead_steps} steps failed (train.max_failed_steps); "
+                            f"the run stops at step {step} without training on it. Most common cause: "
+                            f"{common_error(episodes)}")
+        m: dict[str, float] = {"step": step, **episode_metrics(episodes), **endpoint_metrics(jobs, endpoint_seen)}
         m.update(step_diagnostics(cfg, step, jobs, episodes, classify, env_rng))
         if cfg.partner.reward != "env":
             apply_partner_reward(cfg.partner.reward, episodes, "partner")
@@ -165,6 +173,32 @@ def train(cfg: Config, resume: bool = False, on_step_end: Callable[[int], None] 
     return run
 
 
+def endpoint_metrics(jobs: list[Job], seen: dict[str, dict[str, int]]) -> dict[str, float]:
+    """This step's requests, retries, timeouts and failures per API endpoint (``endpoint/<model>/...``)."""
+    out: dict[str, float] = {}
+    refs = {id(b.ref): b.ref for j in jobs for b in j.refs.values() if hasattr(b.ref, "stats")}
+    for ref in refs.values():
+        now, before = ref.stats.snapshot(), seen.get(ref.id, {})
+        out.update({f"endpoint/{ref.id}/{k}": float(v - before.get(k, 0)) for k, v in now.items()})
+        seen[ref.id] = now
+    return out
+
+
+class RunFailed(RuntimeError):
+    """The run can no longer do anything useful (e.g. every rollout fails)."""
+
+
+def common_error(episodes: list[Episode]) -> str:
+    counts: dict[str, int] = {}
+    for e in episodes:
+        if e.failed:
+            counts[e.error or "unknown"] = counts.get(e.error or "unknown", 0) + 1
+    if not counts:
+        return "none"
+    err, n = max(counts.items(), key=lambda kv: kv[1])
+    return f"{err} ({n} of {len(episodes)} episodes)"
+
+
 class PanelEval:
     """Evaluation on the held-out panel every ``eval.every`` steps; keeps the best adapter in RUN_DIR/best."""
 
@@ -178,6 +212,7 @@ class PanelEval:
         models.update(self.panel.models)
         self.refs = frozen_refs(models, backends, cfg.run.seed)
         self.agent = spec_binding(cfg.agent, agent_ref)
+        recover_dir(run.file("best"))  # a crash while best/ was being replaced
         self.best_path = run.file("best", "best.json")
         self.best = json.load(open(self.best_path))["score"] if os.path.exists(self.best_path) else -math.inf
 
@@ -201,8 +236,7 @@ class PanelEval:
             save_weights(ref.backend, ref.adapter, tmp)
             with open(os.path.join(tmp, "best.json"), "w") as fh:
                 json.dump({"step": step, "score": score, "select_on": c.eval.select_on, **out}, fh, indent=1)
-            shutil.rmtree(self.rundir.file("best"), ignore_errors=True)
-            os.replace(tmp, self.rundir.file("best"))
+            publish_dir(tmp, self.rundir.file("best"))
             out["eval/best_step"] = step
         log(f"  eval step {step}: panel {res['panel_mean']:.3f}±{res['panel_std']:.3f} seen {res['seen_mean']:.3f} "
             f"unseen {res['unseen_mean']:.3f} (best {self.best:.3f})")

@@ -32,12 +32,15 @@ def shared_path(*parts):
     return p
 
 
+HEAVY = {"/tests/lab/": ("SCOPE_LAB_TESTS", "make test-lab"), "/tests/soak/": ("SCOPE_SOAK_TESTS", "make test-soak")}
+
+
 def pytest_collection_modifyitems(config, items):
-    """The lab's end-to-end tests (tests/lab/) build the lab's models and train for minutes: they run in
-    `make test-lab`, which sets SCOPE_LAB_TESTS=1; `make test` skips them."""
-    if os.environ.get("SCOPE_LAB_TESTS") == "1":
-        return
-    skip = pytest.mark.skip(reason="the lab's end-to-end tests run in `make test-lab` (SCOPE_LAB_TESTS=1)")
+    """Tests that take minutes run in their own targets: the lab's end to end (tests/lab/: builds the lab's
+    models and trains) in `make test-lab`, the kill-and-resume soak (tests/soak/) in `make test-soak`.
+    Each target sets its variable; `make test` skips them."""
     for item in items:
-        if "/tests/lab/" in str(item.fspath).replace(os.sep, "/"):
-            item.add_marker(skip)
+        path = str(item.fspath).replace(os.sep, "/")
+        for part, (var, target) in HEAVY.items():
+            if part in path and os.environ.get(var) != "1":
+                item.add_marker(pytest.mark.skip(reason=f"runs in `{target}` ({var}=1)"))

@@ -54,6 +54,10 @@ def test_shipped_configs_and_panels_are_valid_and_match_the_paper():
     ({"agent": {"model": "nope"}}, "agent.model: 'nope' is not one of models"),
     ({"env": {"name": "chess"}}, "unknown environment 'chess'"),
     ({"models": {"policy": {"finetune": "qlora"}}}, "models.policy.finetune"),
+    ({"train": {"eps_low": 1.5}}, "train.eps_low"),
+    ({"train": {"eps_high": 0}}, "train.eps_high"),
+    ({"train": {"kl_coef": float("inf")}}, "train.kl_coef"),
+    ({"train": {"lr": float("nan")}}, "train.lr"),
     ({"models": {"policy": {"finetune": "full"}}, "agent": {"trainable": True}, "partner": {"trainable": True}},
      "give the partner its own models entry"),
 ])

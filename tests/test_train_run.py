@@ -103,3 +103,77 @@ def test_a_run_raises_no_library_deprecation_warnings(tmp_path):
     future = [str(w.message) for w in caught if issubclass(w.category, (FutureWarning, DeprecationWarning))
               and "scope" not in str(w.filename)]
     assert not [m for m in future if "past_key_values" in m or "is_gradient_checkpointing" in m], future
+
+
+def test_what_a_crash_mid_save_leaves_is_never_resumed_from(tmp_path):
+    """A kill during a checkpoint write leaves step_N.tmp (with a partial state.pt): it is not chosen on
+    resume and is removed; a kill between the two renames of a replaced directory gets the old one back;
+    a metrics line torn by the kill is dropped; the rest of the run is as if it had never stopped."""
+    import shutil
+
+    run = tmp_path / "run"
+    straight = tmp_path / "straight"
+    train(tiny_cfg(straight), log=lambda s: None)
+    with pytest.raises(Crash):
+        train(tiny_cfg(run), on_step_end=lambda s: (_ for _ in ()).throw(Crash()) if s == 2 else None,
+              log=lambda s: None)
+    ck = run / "checkpoints"
+    shutil.copytree(ck / "step_000002", ck / "step_000004.tmp")  # a later save that never finished ...
+    (ck / "step_000004.tmp" / "state.pt").write_bytes(b"\x80\x02partial")  # ... cut off mid-write
+    os.replace(ck / "step_000002", ck / "step_000002.old")  # and a re-save of step 2 cut off between renames
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"step": 3, "reward_me')  # the line being written when the kill came
+    assert [m["step"] for m in read_metrics(str(run))] == [1, 2]  # a torn last line is left out
+    train(tiny_cfg(run), resume=True, log=lambda s: None)
+    assert sorted(os.listdir(ck)) == ["step_000002", "step_000004"]
+    ms, ref = read_metrics(str(run)), read_metrics(str(straight))
+    assert [m["step"] for m in ms] == [1, 2, 3, 4]
+    for a, b in zip(ms, ref):
+        assert a["reward_mean"] == pytest.approx(b["reward_mean"], abs=1e-6)
+    (run / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2, "rew\n{"step": 3}\n')
+    with pytest.raises(ValueError, match="line 2 is not JSON"):  # damage inside the file is not hidden
+        read_metrics(str(run))
+
+
+def test_a_checkpoint_state_that_holds_arbitrary_objects_is_refused(tmp_path):
+    """Checkpoint state is loaded with weights_only: tensors and plain data, no arbitrary unpickling."""
+    import pickle
+
+    import torch
+
+    run = tmp_path / "run"
+    train(tiny_cfg(run, steps=1, save_every=1), log=lambda s: None)
+    state = run / "checkpoints" / "step_000001" / "state.pt"
+    torch.save({"step": 1, "payload": pickle.loads(pickle.dumps(Crash("x")))}, state)
+    with pytest.raises(pickle.UnpicklingError):
+        train(tiny_cfg(run, steps=2), resume=True, log=lambda s: None)
+
+
+def test_a_run_whose_every_episode_fails_stops_loudly(tmp_path):
+    """A dead endpoint: every rollout fails; after train.max_failed_steps such steps the run stops with an
+    error naming the cause (and the CLI exits non-zero without a traceback); retries are in the metrics."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    from scope.train import RunFailed
+
+    data = tiny_cfg(tmp_path / "dead", steps=6, save_every=1).model_dump(mode="json")
+    data["models"]["api"] = {"backend": "openai", "base_url": "http://127.0.0.1:9/v1", "model_name": "m",
+                             "api_key_env": None, "max_retries": 1, "backoff": 0.0, "timeout": 2}
+    data["partner"]["model"] = "api"
+    data["train"]["max_failed_steps"] = 2
+    with pytest.raises(RunFailed, match="every episode of the last 2 steps failed.*Connection"):
+        train(parse_config(data), log=lambda s: None)
+    ms = read_metrics(str(tmp_path / "dead"))
+    assert [m["step"] for m in ms] == [1]  # the second dead step is not written, and nothing after it
+    assert ms[0]["failed_episodes"] == 6 and ms[0]["endpoint/api/retries"] == 6
+    assert ms[0]["endpoint/api/failures"] == 6 and ms[0]["endpoint/api/requests"] == 12
+    data["run"]["dir"] = str(tmp_path / "dead_cli")
+    (tmp_path / "dead.yaml").write_text(yaml.safe_dump(data))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    r = subprocess.run([sys.executable, "-m", "scope.cli", "train", "--config", str(tmp_path / "dead.yaml")],
+                       cwd=root, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith("error: every episode of the last 2 steps failed")

@@ -24,7 +24,13 @@ class OpenAIStats:
     requests: int = 0
     retries: int = 0
     failures: int = 0
+    timeouts: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def snapshot(self) -> dict[str, int]:
+        with self.lock:
+            return {"requests": self.requests, "retries": self.retries, "failures": self.failures,
+                    "timeouts": self.timeouts}
 
     def add(self, **kw: int) -> None:
         with self.lock:
@@ -55,6 +61,7 @@ class OpenAIRef:
         self._retryable = (openai.RateLimitError, openai.InternalServerError, openai.APITimeoutError,
                            openai.APIConnectionError)
         self._status_error = openai.APIStatusError
+        self._timeout = openai.APITimeoutError
 
     @classmethod
     def from_config(cls, name: str, mc, seed: int = 0) -> "OpenAIRef":
@@ -93,6 +100,8 @@ class OpenAIRef:
                 reason = {"stop": "eos", "length": "length"}.get(choice.finish_reason or "stop", "eos")
                 return Completion(text=text, token_ids=[], logprobs=[], finish_reason=reason, model_id=self.id)
             except Exception as e:  # noqa: BLE001
+                if isinstance(e, self._timeout):
+                    self.stats.add(timeouts=1)
                 if attempt >= self.max_retries or not self._is_retryable(e):
                     self.stats.add(failures=1)
                     raise

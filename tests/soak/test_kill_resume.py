@@ -1,0 +1,115 @@
+"""Kill a training run at random moments (SIGKILL, checkpoint writes included), resume it each time, and
+check that it ends as a run that never stopped: every step's metrics exactly once with the same values,
+the same final weights, and (population) the same pool. ``make test-soak`` runs this (SCOPE_SOAK_TESTS=1)."""
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from scope.run import read_metrics
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+KILLS = 20
+STEPS = 14
+
+
+def config(run_dir, population: bool) -> dict:
+    partner = {"model": "policy", "max_new_tokens": 10}
+    if population:
+        partner.update(trainable=True, source="pool", pool={"size": 2, "every": 1}, reward="adversarial",
+                       group_shared=False)
+    return {"run": {"dir": str(run_dir), "save_every": 1, "keep_checkpoints": 2, "progress": False, "threads": 1},
+            "models": {"policy": {"path": "tiny-random", "lora": {"r": 4, "alpha": 8}}},
+            "agent": {"model": "policy", "trainable": True, "max_new_tokens": 10},
+            "partner": partner,
+            "env": {"name": "p4g", "options": {"max_turns": 2, "force_decision": True}},
+            "rollout": {"n_tasks": 2, "group_size": 3, "end_on_truncation": False},
+            "train": {"steps": STEPS, "lr": 1e-3}}
+
+
+def scope(*args) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "scope.cli", "train", *args], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def finished(run_dir) -> bool:
+    p = os.path.join(run_dir, "metrics.jsonl")
+    return os.path.exists(p) and any(m.get("step") == STEPS for m in read_metrics(p))
+
+
+def saving(run_dir, since: float) -> bool:
+    """A checkpoint write begun after ``since`` is in progress (or was cut off)."""
+    ck = os.path.join(run_dir, "checkpoints")
+    try:
+        return any(d.endswith(".tmp") and os.path.getmtime(os.path.join(ck, d)) >= since for d in os.listdir(ck))
+    except FileNotFoundError:
+        return False
+
+
+def weights(run_dir):
+    from safetensors.torch import load_file
+
+    ck = os.path.join(run_dir, "checkpoints", f"step_{STEPS:06d}")
+    out = {}
+    for root, _, files in os.walk(ck):
+        for f in files:
+            if f.endswith(".safetensors"):
+                out[os.path.relpath(os.path.join(root, f), ck)] = load_file(os.path.join(root, f))
+    return out
+
+
+@pytest.mark.parametrize("population", [False, True], ids=["plain", "population"])
+def test_random_kills_never_lose_a_step(tmp_path, population):
+    cfg_file = tmp_path / "cfg.yaml"
+    straight, run = tmp_path / "straight", tmp_path / "run"
+    cfg_file.write_text(yaml.safe_dump(config(straight, population)))
+    p = scope("--config", str(cfg_file))
+    assert p.wait(timeout=600) == 0, p.stderr.read()
+    cfg_file.write_text(yaml.safe_dump(config(run, population)))
+    rng = random.Random(1 if population else 0)
+    kills, mid_save, starts = 0, 0, 0
+    while not finished(run):
+        starts += 1
+        assert starts < 80, "the run makes no progress between kills"
+        resume = os.path.exists(run / "config.yaml")
+        t_start = time.time()
+        p = scope(*(["--resume", str(run)] if resume else ["--config", str(cfg_file)]))
+        if kills < KILLS:
+            if kills % 2:  # at a random moment (start-up takes ~3 s: some kills land before the first step)
+                time.sleep(rng.uniform(2.0, 7.0))
+            else:  # while a checkpoint is being written: as soon as its step_N.tmp appears, after a random delay
+                t0 = time.time()
+                while p.poll() is None and time.time() - t0 < 60 and not saving(run, t_start):
+                    time.sleep(0.0005)
+                time.sleep(rng.uniform(0.0, 0.002))
+            if p.poll() is None:
+                p.send_signal(signal.SIGKILL)
+                p.wait()
+                kills += 1
+                ck = run / "checkpoints"
+                mid_save += saving(run, t_start)
+                continue
+        assert p.wait(timeout=600) == 0, p.stderr.read()
+    assert kills == KILLS and mid_save >= KILLS // 5  # many kills cut a checkpoint write short
+    a, b = read_metrics(str(run)), read_metrics(str(straight))
+    assert [m["step"] for m in a] == list(range(1, STEPS + 1))  # every step exactly once
+    for x, y in zip(a, b):
+        assert x["reward_mean"] == pytest.approx(y["reward_mean"], abs=1e-6), x["step"]
+        assert x["tokens_generated"] == y["tokens_generated"]
+    wa, wb = weights(run), weights(straight)
+    assert set(wa) == set(wb) and wa
+    for f in wa:
+        for k in wa[f]:
+            assert (wa[f][k] - wb[f][k]).abs().max() < 1e-6, (f, k)
+    if population:
+        import torch  # the pool's members, in order, are in the checkpoint state
+
+        st = [torch.load(d / "checkpoints" / f"step_{STEPS:06d}" / "state.pt", weights_only=True)
+              for d in (run, straight)]
+        assert st[0]["sources"]["partner"]["members"] == st[1]["sources"]["partner"]["members"]
+    print(f"{kills} kills, {mid_save} of them left a checkpoint half-written, {starts} starts")
