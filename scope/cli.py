@@ -23,10 +23,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     else:
         print("error: give --config FILE or --resume RUN_DIR", file=sys.stderr)
         return 2
-    from .train import RunFailed
+    from .train import RunFailed, StartupError
 
     try:
         train(cfg, resume=bool(args.resume), log=lambda s: print(s, flush=True))
+    except StartupError as e:  # nothing was written
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     except RunFailed as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -144,8 +147,14 @@ def cmd_lab(args: argparse.Namespace) -> int:
 
     paradigms = tuple(args.paradigms.split(",")) if args.paradigms else PARADIGMS
     out = args.out or ("runs/lab-quick" if args.quick else "runs/lab")
-    res = run_lab(out, configs=args.configs, paradigms=paradigms, seeds=args.seeds, overrides=args.set,
-                  quick=args.quick, log=lambda s: print(s, flush=True))
+    from .train import RunFailed, StartupError
+
+    try:
+        res = run_lab(out, configs=args.configs, paradigms=paradigms, seeds=args.seeds, overrides=args.set,
+                      quick=args.quick, log=lambda s: print(s, flush=True))
+    except (StartupError, RunFailed) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2 if isinstance(e, StartupError) else 1
     from .lab.runner import table
 
     print(table(res))

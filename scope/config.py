@@ -256,9 +256,14 @@ class Config(Strict):
         from .envs import get_env
 
         try:
-            get_env(self.env.name)
+            env_cls = get_env(self.env.name)
         except KeyError as e:
             raise ValueError(f"env.name: {e.args[0]}") from None
+        known = env_cls.option_names()
+        unknown = sorted(set(self.env.options) - known)
+        if unknown:
+            raise ValueError(f"env.options: {', '.join(unknown)}: not an option of {self.env.name!r} "
+                             f"(its options: {', '.join(sorted(known))})")
         return self
 
     def roles(self) -> dict[str, RoleConfig]:
@@ -272,12 +277,16 @@ class ConfigError(ValueError):
 def _format(e: ValidationError) -> str:
     lines = []
     for err in e.errors():
-        loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
+        loc = ".".join(str(x) for x in err["loc"])
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
             msg = "unknown key"
-        lines.append(f"  {loc}: {msg}")
-    return "invalid config:\n" + "\n".join(lines)
+        if err["type"] == "value_error":  # a check of the whole config: its message names the key
+            msg = msg.removeprefix("Value error, ")
+        lines.append(f"{loc}: {msg}" if loc else msg)
+    if len(lines) == 1:
+        return f"invalid config: {lines[0]}"
+    return "invalid config:\n" + "\n".join(f"  {ln}" for ln in lines)
 
 
 def parse_config(data: dict[str, Any] | None) -> Config:

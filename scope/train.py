@@ -11,6 +11,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -82,14 +83,16 @@ def seed_all(seed: int) -> None:
 
 def train(cfg: Config, resume: bool = False, on_step_end: Callable[[int], None] | None = None,
           log: Callable[[str], None] = print) -> RunDir:
-    run = RunDir(cfg.run.dir, cfg, resume=resume)
+    check_start(cfg, resume)  # data, splits, panel: before anything is loaded or written
     seed_all(cfg.run.seed)
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
     t_load = time.time()
-    backends, sources, trainable = build_models(cfg)
-    judge = build_judge(cfg, backends)
+    with starting("models"):
+        backends, sources, trainable = build_models(cfg)
+        judge = build_judge(cfg, backends)
     log(f"loaded models {sorted(backends)} in {time.time() - t_load:.1f}s")
+    run = RunDir(cfg.run.dir, cfg, resume=resume)  # only once everything the run needs is there
     learners: dict[str, Learner] = {}   # one per trained set of weights
     roles_of: dict[str, list[str]] = {}  # learner -> the roles whose tokens it trains on
     for role, rc in cfg.roles().items():
@@ -182,6 +185,47 @@ def endpoint_metrics(jobs: list[Job], seen: dict[str, dict[str, int]]) -> dict[s
         out.update({f"endpoint/{ref.id}/{k}": float(v - before.get(k, 0)) for k, v in now.items()})
         seen[ref.id] = now
     return out
+
+
+class StartupError(RuntimeError):
+    """The run cannot start (a missing file, a bad split, a model that does not exist); nothing was written."""
+
+
+@contextlib.contextmanager
+def starting(what: str):
+    """Errors while the run is being set up become one StartupError naming ``what`` failed."""
+    from .config import ConfigError
+
+    try:
+        yield
+    except StartupError:
+        raise
+    except (ConfigError, ValueError, KeyError, OSError) as e:
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+        raise StartupError(f"{what}: {msg}") from e
+
+
+def check_start(cfg: Config, resume: bool) -> None:
+    """What can be checked before any model is loaded: the run directory, the environment's tasks of both
+    splits (data files, personas, split names) and the evaluation panel."""
+    metrics = os.path.join(cfg.run.dir, "metrics.jsonl")
+    if not resume and os.path.exists(metrics):
+        raise StartupError(f"{cfg.run.dir} already holds a run; use --resume {cfg.run.dir} or another run.dir")
+    env_cls = get_env(cfg.env.name)
+    for split in dict.fromkeys((cfg.env.train_split, cfg.env.eval_split)):
+        with starting(f"env {cfg.env.name!r}, split {split!r}"):
+            if not env_cls.load_tasks(split, **cfg.env.options):
+                raise ValueError("no tasks")
+    if cfg.eval.panel:
+        from .eval import load_panel
+
+        with starting(f"eval.panel {cfg.eval.panel}"):
+            panel = load_panel(cfg.eval.panel)
+            missing = sorted({p.model for p in panel.partners} - set(cfg.models) - set(panel.models))
+            if missing:
+                raise ValueError(f"partners use models {missing}, defined neither in the config nor the panel")
+            if panel.split:
+                env_cls.load_tasks(panel.split, **cfg.env.options)
 
 
 class RunFailed(RuntimeError):

@@ -6,7 +6,7 @@ import pytest
 
 from scope.config import parse_config
 from scope.run import read_metrics
-from scope.train import train
+from scope.train import StartupError, train
 
 
 def tiny_cfg(run_dir, steps=4, save_every=2):
@@ -44,7 +44,7 @@ def test_run_writes_metrics_rollouts_tensorboard_and_checkpoints(tmp_path):
     assert ck == ["step_000001", "step_000002"]
     assert os.path.exists(run / "checkpoints" / "step_000002" / "agent" / "agent" / "adapter_model.safetensors")
     assert os.path.exists(run / "checkpoints" / "step_000002" / "state.pt")
-    with pytest.raises(FileExistsError):
+    with pytest.raises(StartupError, match="already holds a run"):
         train(tiny_cfg(run, steps=2), log=lambda s: None)
 
 
@@ -177,3 +177,34 @@ def test_a_run_whose_every_episode_fails_stops_loudly(tmp_path):
                        cwd=root, capture_output=True, text=True, timeout=300)
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert r.stderr.strip().splitlines()[-1].startswith("error: every episode of the last 2 steps failed")
+
+
+@pytest.mark.parametrize("change,needle", [
+    ({"models": {"policy": {"path": "/no/such/model"}}}, "models: model '/no/such/model' is neither"),
+    ({"env": {"train_split": "dev"}}, "env 'p4g', split 'dev'"),
+    ({"env": {"options": {"personas": "/no/personas.json"}}}, "/no/personas.json"),
+    ({"eval": {"panel": "/no/panel.yaml"}}, "eval.panel /no/panel.yaml: panel file /no/panel.yaml not found"),
+    ({"eval": {"panel": {"partners": [{"id": "x", "model": "ghost"}]}}}, "models ['ghost'], defined neither"),
+    ({"env": {"options": {"colour": "red"}}}, "env.options: colour: not an option of 'p4g'"),
+    ({"train": {"eps_high": 1.5}}, "train.eps_high"),
+])
+def test_bad_setup_is_one_line_and_leaves_no_run_dir(tmp_path, capsys, change, needle):
+    import yaml
+
+    from scope.cli import main
+
+    data = tiny_cfg(tmp_path / "run", steps=1).model_dump(mode="json")
+    for k, v in change.items():
+        if k == "eval" and isinstance(v.get("panel"), dict):  # a panel file with a partner of no model
+            (tmp_path / "p.yaml").write_text(yaml.safe_dump(v["panel"]))
+            v = {"panel": str(tmp_path / "p.yaml")}
+        for kk, vv in v.items():
+            if isinstance(vv, dict):
+                data[k][kk].update(vv)
+            else:
+                data[k][kk] = vv
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(data))
+    code = main(["train", "--config", str(tmp_path / "c.yaml")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("error: ") and needle in err[0], err
+    assert not (tmp_path / "run").exists()

@@ -40,6 +40,19 @@ class Env:
     name = "base"
     roles: tuple[str, ...] = ("agent", "partner")
 
+    @classmethod
+    def option_names(cls) -> set[str]:
+        """The environment's options (``env.options`` keys): the named keyword parameters of its
+        ``__init__`` and ``load_tasks``. Anything else in a config is an error."""
+        import inspect
+
+        names = set()
+        for fn, skip in ((cls.__init__, {"self", "task", "rng"}), (cls.load_tasks, {"cls", "split"})):
+            for p in inspect.signature(fn).parameters.values():
+                if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in skip:
+                    names.add(p.name)
+        return names
+
     def __init__(self, task: Task, rng: random.Random, **options: Any):
         self.task = task
         self.rng = rng
