@@ -163,25 +163,36 @@ def cmd_lab(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from .models.local import load_backend
-    from .models.server import make_server
+    from .models.server import check_bind, make_server
 
+    key = os.environ.get(args.api_key_env) if args.api_key_env else None
+    if args.api_key_env and not key:
+        print(f"error: --api-key-env {args.api_key_env}: that variable is not set", file=sys.stderr)
+        return 2
+    try:
+        check_bind(args.host, key)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     b = load_backend(args.model, seed=args.seed)
     if args.adapter:
         from peft import PeftModel
 
         b.model = PeftModel.from_pretrained(b.model, args.adapter, adapter_name="served")
         b.versions["served"] = 0
-    srv = make_server(b, host=args.host, port=args.port, model_name=args.name or args.model,
-                      fail_rate=args.fail_rate, seed=args.seed, max_batch=args.max_batch)
-    if args.adapter:
         orig = b.generate
         b.generate = lambda prompts, sp, adapter=None, sessions=None: orig(prompts, sp, "served", sessions)
-    host, port = srv.server_address[:2]
-    print(f"serving {args.model} at http://{host}:{port}/v1 (chat completions)", flush=True)
+    srv = make_server(b, host=args.host, port=args.port, model_name=args.name or args.model,
+                      fail_rate=args.fail_rate, seed=args.seed, max_batch=args.max_batch, api_key=key,
+                      max_body_bytes=args.max_body_bytes).start()
+    host, port = srv.server_address
+    print(f"serving {args.model} at http://{host}:{port}/v1 (chat completions)"
+          + (" (API key required)" if key else ""), flush=True)
     try:
-        srv.serve_forever()
+        while srv.thread.is_alive():
+            srv.thread.join(0.5)
     except KeyboardInterrupt:
-        pass
+        srv.shutdown()
     return 0
 
 
@@ -202,7 +213,9 @@ def main(argv: list[str] | None = None) -> int:
     v.add_argument("--model", required=True, help="smollm2-135m, tiny-random or a checkpoint directory")
     v.add_argument("--adapter", help="a PEFT adapter directory to serve on top of the model")
     v.add_argument("--port", type=int, default=8000)
-    v.add_argument("--host", default="127.0.0.1")
+    v.add_argument("--host", default="127.0.0.1", help="bind address; anything but loopback needs --api-key-env")
+    v.add_argument("--api-key-env", help="an environment variable holding the API key every request must carry")
+    v.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest request body accepted")
     v.add_argument("--name", help="the model name the endpoint reports")
     v.add_argument("--max-batch", type=int, default=32)
     v.add_argument("--seed", type=int, default=0)

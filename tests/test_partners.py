@@ -267,3 +267,57 @@ def test_endpoint_requests_use_the_models_token_limit_and_report_truncation():
     ref.client = SimpleNamespace(chat=SimpleNamespace(completions=SimpleNamespace(create=create)))
     ref.chat_generate([[{"role": "user", "content": "hi"}]], SamplingParams(max_new_tokens=40))
     assert seen[1]["max_completion_tokens"] == 4096 and "max_tokens" not in seen[1]  # OpenAI's reasoning models
+
+
+def _post(url, body):
+    """POST with the standard library: bytes (with Content-Length) or an iterator of chunks (chunked)."""
+    import http.client
+    import urllib.parse
+
+    u = urllib.parse.urlparse(url)
+    c = http.client.HTTPConnection(u.hostname, u.port, timeout=120)
+    data = json.dumps(body).encode() if isinstance(body, dict) else body
+    c.request("POST", u.path, body=data, headers={"Content-Type": "application/json"})
+    r = c.getresponse()
+    out = r.status, json.loads(r.read() or b"{}")
+    c.close()
+    return out
+
+
+def test_scope_serve_limits_what_a_client_can_ask(server):
+    """max_tokens is capped by the room the context leaves; a prompt that fills the context, and a body over
+    the size cap (with or without Content-Length), are refused."""
+    url = server + "/chat/completions"
+    tok = load_tokenizer("tiny-random")  # a character vocabulary with a 4,096-token context
+
+    def n_prompt(text):
+        t = tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
+        return len(tok(t, add_special_tokens=False)["input_ids"])
+
+    text = "a" * (4096 - 8 - n_prompt(""))  # leaves room for 8 new tokens
+    code, r = _post(url, {"messages": [{"role": "user", "content": text}], "max_tokens": 10 ** 9, "temperature": 1.0})
+    assert code == 200, r
+    assert r["usage"]["prompt_tokens"] == 4088 and r["usage"]["completion_tokens"] <= 8
+    code, r = _post(url, {"messages": [{"role": "user", "content": "a" * 4096}]})
+    assert code == 400 and "fills the model's context" in r["error"]["message"]
+    assert _post(url, b"x" * (2 << 20))[0] == 413
+    assert _post(url, (b"x" * 65536 for _ in range(40)))[0] == 413  # chunked: no Content-Length
+
+
+def test_scope_serve_needs_a_key_off_loopback_and_checks_it():
+    import openai
+
+    from scope.models.server import make_server
+
+    b = tiny_backend(load_tokenizer("tiny-random"), seed=4)
+    with pytest.raises(ValueError, match="needs an API key"):
+        make_server(b, host="0.0.0.0", port=0)
+    srv, url = serve_in_thread(b, api_key="s3cret")
+    try:
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=url, api_key="wrong", max_retries=0).models.list()
+        ok = openai.OpenAI(base_url=url, api_key="s3cret", max_retries=0)
+        r = ok.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=3)
+        assert r.choices[0].message.content is not None
+    finally:
+        srv.shutdown()

@@ -1,12 +1,21 @@
 """``scope serve``: a local model as an OpenAI-compatible ``/v1/chat/completions`` endpoint.
 
-Concurrent requests are batched: a worker thread takes whatever requests are waiting (up to
-``max_batch``), groups them by sampling settings and generates each group in one call. The server
-binds to 127.0.0.1 unless told otherwise. ``fail_rate`` makes that share of requests answer 503
-(seeded), for fault-injection tests of clients.
+A FastAPI app served by uvicorn. Concurrent requests are batched: a worker thread takes whatever
+requests are waiting (up to ``max_batch``), groups them by sampling settings and generates each group in
+one call. Limits a client cannot lift:
+
+- it binds to 127.0.0.1 unless told otherwise, and any other address needs an API key (then every
+  request must carry ``Authorization: Bearer <key>``);
+- ``max_tokens`` is capped by the room the model's context leaves after the prompt (a prompt that fills
+  the context is refused), so no request reserves memory beyond one full context;
+- request bodies are capped in size (``max_body_bytes``, 1 MiB by default): 413 beyond it.
+
+``fail_rate`` makes that share of requests answer 503 (seeded), for fault-injection tests of clients.
 """
 from __future__ import annotations
 
+import asyncio
+import hmac
 import json
 import queue
 import random
@@ -14,11 +23,16 @@ import threading
 import time
 import uuid
 from concurrent.futures import Future
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from fastapi import FastAPI, Request  # module level: the route signatures' annotations are resolved here
+from fastapi.responses import JSONResponse
 
 from ..types import SamplingParams
 from .local import LocalBackend
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+MAX_BODY_BYTES = 1 << 20
 
 
 class Batcher:
@@ -61,96 +75,167 @@ class Batcher:
                         g[2].set_exception(e)
 
 
+class BadRequest(ValueError):
+    pass
+
+
 def _sampling(body: dict[str, Any]) -> SamplingParams:
     stop = body.get("stop") or ()
     if isinstance(stop, str):
         stop = (stop,)
     mt = body.get("max_completion_tokens", body.get("max_tokens", 256))
-    sp = SamplingParams(temperature=float(body.get("temperature", 1.0)), top_p=float(body.get("top_p", 1.0)),
-                        max_new_tokens=int(mt), stop=tuple(str(s) for s in stop))
+    try:
+        sp = SamplingParams(temperature=float(body.get("temperature", 1.0)), top_p=float(body.get("top_p", 1.0)),
+                            max_new_tokens=int(mt), stop=tuple(str(s) for s in stop))
+    except (TypeError, ValueError) as e:
+        raise BadRequest(f"bad sampling settings: {e}") from None
     if sp.max_new_tokens < 1 or sp.temperature < 0 or not 0 < sp.top_p <= 1:
-        raise ValueError("max_tokens must be >= 1, temperature >= 0, 0 < top_p <= 1")
+        raise BadRequest("max_tokens must be >= 1, temperature >= 0, 0 < top_p <= 1")
     return sp
 
 
-def make_server(backend: LocalBackend, host: str = "127.0.0.1", port: int = 8000, model_name: str = "scope",
-                fail_rate: float = 0.0, seed: int = 0, max_batch: int = 32) -> ThreadingHTTPServer:
+def context_length(backend: LocalBackend) -> int:
+    cfg = backend.model.config
+    return int(getattr(cfg, "max_position_embeddings", 0) or 4096)
+
+
+def make_app(backend: LocalBackend, model_name: str = "scope", fail_rate: float = 0.0, seed: int = 0,
+             max_batch: int = 32, api_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES):
+    app = FastAPI(title="scope serve", docs_url=None, redoc_url=None, openapi_url=None)
     batcher = Batcher(backend, max_batch=max_batch)
-    rng = random.Random(seed)
-    rng_lock = threading.Lock()
-    tok = backend.tokenizer
+    app.state.batcher = batcher
+    rng, rng_lock = random.Random(seed), threading.Lock()
+    tok, ctx = backend.tokenizer, context_length(backend)
 
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
+    def error(code: int, msg: str, typ: str = "invalid_request_error") -> JSONResponse:
+        return JSONResponse({"error": {"message": msg, "type": typ, "code": code}}, status_code=code)
 
-        def log_message(self, *args):  # quiet
-            pass
+    @app.middleware("http")
+    async def guard(request: Request, call_next):
+        if api_key is not None:
+            got = request.headers.get("authorization", "")
+            if not hmac.compare_digest(got.encode(), f"Bearer {api_key}".encode()):
+                return error(401, "missing or wrong API key", "authentication_error")
+        n = request.headers.get("content-length")
+        if n is not None and (not n.isdigit() or int(n) > max_body_bytes):
+            return error(413, f"request body over {max_body_bytes} bytes")
+        return await call_next(request)
 
-        def _send(self, code: int, obj: dict[str, Any]) -> None:
-            data = json.dumps(obj).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+    async def read_body(request: Request) -> bytes:
+        data = bytearray()
+        async for chunk in request.stream():  # a body without Content-Length is capped as it arrives
+            data += chunk
+            if len(data) > max_body_bytes:
+                raise OverflowError
+        return bytes(data)
 
-        def _error(self, code: int, msg: str, typ: str = "invalid_request_error") -> None:
-            self._send(code, {"error": {"message": msg, "type": typ, "code": code}})
+    @app.get("/v1/models")
+    @app.get("/models")
+    async def models():
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "owned_by": "scope"}]}
 
-        def do_GET(self):
-            if self.path.rstrip("/") in ("/v1/models", "/models"):
-                self._send(200, {"object": "list", "data": [{"id": model_name, "object": "model",
-                                                              "owned_by": "scope"}]})
-            elif self.path.rstrip("/") in ("/health", "/v1/health"):
-                self._send(200, {"status": "ok"})
-            else:
-                self._error(404, f"no route {self.path}")
+    @app.get("/health")
+    @app.get("/v1/health")
+    async def health():
+        return {"status": "ok"}
 
-        def do_POST(self):
-            if self.path.rstrip("/") not in ("/v1/chat/completions", "/chat/completions"):
-                self._error(404, f"no route {self.path}")
-                return
-            try:
-                n = int(self.headers.get("Content-Length", "0"))
-                body = json.loads(self.rfile.read(n) or b"{}")
-                msgs = body["messages"]
-                if not isinstance(msgs, list) or not all(isinstance(m, dict) and "role" in m for m in msgs):
-                    raise ValueError("messages must be a list of {role, content}")
-                sp = _sampling(body)
-                if int(body.get("n", 1)) != 1:
-                    raise ValueError("only n=1 is supported")
-            except (KeyError, ValueError, TypeError, json.JSONDecodeError) as e:
-                self._error(400, f"bad request: {e}")
-                return
-            with rng_lock:
-                fail = fail_rate > 0 and rng.random() < fail_rate
-            if fail:
-                self._error(503, "injected failure", "server_error")
-                return
-            try:
-                text = tok.apply_chat_template([{"role": m["role"], "content": m.get("content") or ""}
-                                                for m in msgs], tokenize=False, add_generation_prompt=True)
-                prompt = tok(text, add_special_tokens=False)["input_ids"]
-                c = batcher.submit(prompt, sp).result()
-            except Exception as e:  # noqa: BLE001
-                self._error(500, f"generation failed: {type(e).__name__}: {e}", "server_error")
-                return
-            self._send(200, {
-                "id": f"chatcmpl-{uuid.uuid4().hex[:16]}", "object": "chat.completion", "created": int(time.time()),
-                "model": body.get("model", model_name),
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": c.text},
-                             "finish_reason": "length" if c.finish_reason == "length" else "stop"}],
-                "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(c.token_ids),
-                          "total_tokens": len(prompt) + len(c.token_ids)}})
+    @app.post("/v1/chat/completions")
+    @app.post("/chat/completions")
+    async def chat(request: Request):
+        try:
+            body = json.loads(await read_body(request) or b"{}")
+            if not isinstance(body, dict):
+                raise BadRequest("the body must be a JSON object")
+            msgs = body.get("messages")
+            if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) and "role" in m for m in msgs):
+                raise BadRequest("messages must be a non-empty list of {role, content}")
+            sp = _sampling(body)
+            if int(body.get("n", 1)) != 1:
+                raise BadRequest("only n=1 is supported")
+            text = tok.apply_chat_template([{"role": str(m["role"]), "content": str(m.get("content") or "")}
+                                            for m in msgs], tokenize=False, add_generation_prompt=True)
+            prompt = tok(text, add_special_tokens=False)["input_ids"]
+        except OverflowError:
+            return error(413, f"request body over {max_body_bytes} bytes")
+        except (BadRequest, json.JSONDecodeError, TypeError, ValueError) as e:
+            return error(400, f"bad request: {e}")
+        room = ctx - len(prompt)
+        if room < 1:
+            return error(400, f"bad request: the prompt ({len(prompt)} tokens) fills the model's context ({ctx})")
+        sp = SamplingParams(temperature=sp.temperature, top_p=sp.top_p, max_new_tokens=min(sp.max_new_tokens, room),
+                            stop=sp.stop)
+        with rng_lock:
+            fail = fail_rate > 0 and rng.random() < fail_rate
+        if fail:
+            return error(503, "injected failure", "server_error")
+        try:
+            c = await asyncio.wrap_future(batcher.submit(prompt, sp))
+        except Exception as e:  # noqa: BLE001
+            return error(500, f"generation failed: {type(e).__name__}: {e}", "server_error")
+        return {
+            "id": f"chatcmpl-{uuid.uuid4().hex[:16]}", "object": "chat.completion", "created": int(time.time()),
+            "model": body.get("model", model_name),
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": c.text},
+                         "finish_reason": "length" if c.finish_reason == "length" else "stop"}],
+            "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(c.token_ids),
+                      "total_tokens": len(prompt) + len(c.token_ids)}}
 
-    srv = ThreadingHTTPServer((host, port), Handler)
-    srv.daemon_threads = True
-    srv.batcher = batcher  # type: ignore[attr-defined]
-    return srv
+    return app
 
 
-def serve_in_thread(backend: LocalBackend, port: int = 0, **kw: Any) -> tuple[ThreadingHTTPServer, str]:
+def check_bind(host: str, api_key: str | None) -> None:
+    if host not in LOOPBACK and not api_key:
+        raise ValueError(f"serving on {host} (not loopback) needs an API key: set --api-key-env to a variable "
+                         "that holds one")
+
+
+class Server:
+    """A uvicorn server for the app, run in this thread (``serve_forever``) or a background one."""
+
+    def __init__(self, app, host: str, port: int):
+        import uvicorn
+
+        self.app = app
+        self.config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
+                                     lifespan="off")
+        self.server = uvicorn.Server(self.config)
+        self.thread: threading.Thread | None = None
+
+    @property
+    def server_address(self) -> tuple[str, int]:
+        sock = self.server.servers[0].sockets[0]
+        return sock.getsockname()[:2]
+
+    def serve_forever(self) -> None:
+        self.server.run()
+
+    def start(self) -> "Server":
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        t0 = time.time()
+        while not self.server.started:
+            if not self.thread.is_alive() or time.time() - t0 > 30:
+                raise RuntimeError("scope serve: the server did not start")
+            time.sleep(0.01)
+        return self
+
+    def shutdown(self) -> None:
+        self.server.should_exit = True
+        if self.thread is not None:
+            self.thread.join(timeout=10)
+        self.app.state.batcher.stop.set()
+
+
+def make_server(backend: LocalBackend, host: str = "127.0.0.1", port: int = 8000, model_name: str = "scope",
+                fail_rate: float = 0.0, seed: int = 0, max_batch: int = 32, api_key: str | None = None,
+                max_body_bytes: int = MAX_BODY_BYTES) -> Server:
+    check_bind(host, api_key)
+    app = make_app(backend, model_name=model_name, fail_rate=fail_rate, seed=seed, max_batch=max_batch,
+                   api_key=api_key, max_body_bytes=max_body_bytes)
+    return Server(app, host, port)
+
+
+def serve_in_thread(backend: LocalBackend, port: int = 0, **kw: Any) -> tuple[Server, str]:
     """Start a server on 127.0.0.1 in a background thread; return it and its base URL (for tests)."""
-    srv = make_server(backend, host="127.0.0.1", port=port, **kw)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    srv = make_server(backend, host="127.0.0.1", port=port, **kw).start()
     return srv, f"http://127.0.0.1:{srv.server_address[1]}/v1"
