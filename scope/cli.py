@@ -23,7 +23,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     else:
         print("error: give --config FILE or --resume RUN_DIR", file=sys.stderr)
         return 2
-    from .train import RunFailed, StartupError
+    from .guards import RunFailed, StartupError
 
     try:
         train(cfg, resume=bool(args.resume), log=lambda s: print(s, flush=True))
@@ -147,7 +147,7 @@ def cmd_lab(args: argparse.Namespace) -> int:
 
     paradigms = tuple(args.paradigms.split(",")) if args.paradigms else PARADIGMS
     out = args.out or ("runs/lab-quick" if args.quick else "runs/lab")
-    from .train import RunFailed, StartupError
+    from .guards import RunFailed, StartupError
 
     try:
         res = run_lab(out, configs=args.configs, paradigms=paradigms, seeds=args.seeds, overrides=args.set,

@@ -11,7 +11,6 @@
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
@@ -30,6 +29,7 @@ from .partners.rewards import apply_partner_reward, baseline_of
 from .diagnostics import CLASSIFIERS, behaviour_stats, group_similarity
 from .rollout import Job, run_rollouts
 from .run import Checkpointer, MetricsLogger, RunDir, publish_dir, recover_dir, rollout_records, save_weights
+from .guards import check_start, endpoint_metrics, starting, stop_if_dead
 from .setup import build_judge, build_models
 from .types import Episode, Task
 
@@ -83,7 +83,7 @@ def seed_all(seed: int) -> None:
 
 def train(cfg: Config, resume: bool = False, on_step_end: Callable[[int], None] | None = None,
           log: Callable[[str], None] = print) -> RunDir:
-    check_start(cfg, resume)  # data, splits, panel: before anything is loaded or written
+    tasks = check_start(cfg, resume)  # data, splits, panel: before anything is loaded or written
     seed_all(cfg.run.seed)
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
@@ -108,8 +108,6 @@ def train(cfg: Config, resume: bool = False, on_step_end: Callable[[int], None] 
             learners[owner] = Learner(ref.backend, ref.adapter, lc)
         roles_of.setdefault(owner, []).append(role)
     pools = {r: s for r, s in sources.items() if hasattr(s, "maybe_snapshot")}
-    env_cls = get_env(cfg.env.name)
-    tasks = env_cls.load_tasks(cfg.env.train_split, **cfg.env.options)
     sampler = TaskSampler(tasks, cfg.run.seed)
     env_rng = random.Random(cfg.run.seed + 1)
     ckpt = Checkpointer(run, cfg)
@@ -139,12 +137,7 @@ def train(cfg: Config, resume: bool = False, on_step_end: Callable[[int], None] 
                                         end_on_truncation=cfg.rollout.end_on_truncation, progress=progress,
                                         judge=judge)
         t1 = time.time()
-        dead_steps = dead_steps + 1 if all(e.failed for e in episodes) else 0
-        if dead_steps >= cfg.train.max_failed_steps:
-            metrics_log.close()
-            raise RunFailed(f"every episode of the last {dead_steps} steps failed (train.max_failed_steps); "
-                            f"the run stops at step {step} without training on it. Most common cause: "
-                            f"{common_error(episodes)}")
+        dead_steps = stop_if_dead(episodes, dead_steps, cfg.train.max_failed_steps, step)
         m: dict[str, float] = {"step": step, **episode_metrics(episodes), **endpoint_metrics(jobs, endpoint_seen)}
         m.update(step_diagnostics(cfg, step, jobs, episodes, classify, env_rng))
         if cfg.partner.reward != "env":
@@ -174,73 +167,6 @@ def train(cfg: Config, resume: bool = False, on_step_end: Callable[[int], None] 
             on_step_end(step)
     metrics_log.close()
     return run
-
-
-def endpoint_metrics(jobs: list[Job], seen: dict[str, dict[str, int]]) -> dict[str, float]:
-    """This step's requests, retries, timeouts and failures per API endpoint (``endpoint/<model>/...``)."""
-    out: dict[str, float] = {}
-    refs = {id(b.ref): b.ref for j in jobs for b in j.refs.values() if hasattr(b.ref, "stats")}
-    for ref in refs.values():
-        now, before = ref.stats.snapshot(), seen.get(ref.id, {})
-        out.update({f"endpoint/{ref.id}/{k}": float(v - before.get(k, 0)) for k, v in now.items()})
-        seen[ref.id] = now
-    return out
-
-
-class StartupError(RuntimeError):
-    """The run cannot start (a missing file, a bad split, a model that does not exist); nothing was written."""
-
-
-@contextlib.contextmanager
-def starting(what: str):
-    """Errors while the run is being set up become one StartupError naming ``what`` failed."""
-    from .config import ConfigError
-
-    try:
-        yield
-    except StartupError:
-        raise
-    except (ConfigError, ValueError, KeyError, OSError) as e:
-        msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
-        raise StartupError(f"{what}: {msg}") from e
-
-
-def check_start(cfg: Config, resume: bool) -> None:
-    """What can be checked before any model is loaded: the run directory, the environment's tasks of both
-    splits (data files, personas, split names) and the evaluation panel."""
-    metrics = os.path.join(cfg.run.dir, "metrics.jsonl")
-    if not resume and os.path.exists(metrics):
-        raise StartupError(f"{cfg.run.dir} already holds a run; use --resume {cfg.run.dir} or another run.dir")
-    env_cls = get_env(cfg.env.name)
-    for split in dict.fromkeys((cfg.env.train_split, cfg.env.eval_split)):
-        with starting(f"env {cfg.env.name!r}, split {split!r}"):
-            if not env_cls.load_tasks(split, **cfg.env.options):
-                raise ValueError("no tasks")
-    if cfg.eval.panel:
-        from .eval import load_panel
-
-        with starting(f"eval.panel {cfg.eval.panel}"):
-            panel = load_panel(cfg.eval.panel)
-            missing = sorted({p.model for p in panel.partners} - set(cfg.models) - set(panel.models))
-            if missing:
-                raise ValueError(f"partners use models {missing}, defined neither in the config nor the panel")
-            if panel.split:
-                env_cls.load_tasks(panel.split, **cfg.env.options)
-
-
-class RunFailed(RuntimeError):
-    """The run can no longer do anything useful (e.g. every rollout fails)."""
-
-
-def common_error(episodes: list[Episode]) -> str:
-    counts: dict[str, int] = {}
-    for e in episodes:
-        if e.failed:
-            counts[e.error or "unknown"] = counts.get(e.error or "unknown", 0) + 1
-    if not counts:
-        return "none"
-    err, n = max(counts.items(), key=lambda kv: kv[1])
-    return f"{err} ({n} of {len(episodes)} episodes)"
 
 
 class PanelEval:

@@ -6,7 +6,8 @@ import pytest
 
 from scope.config import parse_config
 from scope.run import read_metrics
-from scope.train import StartupError, train
+from scope.guards import StartupError
+from scope.train import train
 
 
 def tiny_cfg(run_dir, steps=4, save_every=2):
@@ -157,7 +158,7 @@ def test_a_run_whose_every_episode_fails_stops_loudly(tmp_path):
 
     import yaml
 
-    from scope.train import RunFailed
+    from scope.guards import RunFailed
 
     data = tiny_cfg(tmp_path / "dead", steps=6, save_every=1).model_dump(mode="json")
     data["models"]["api"] = {"backend": "openai", "base_url": "http://127.0.0.1:9/v1", "model_name": "m",
