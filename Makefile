@@ -42,8 +42,9 @@ test-lab: install
 test-soak: install
 	SCOPE_SOAK_TESTS=1 $(PY) -m pytest -q -s tests/soak
 
+# Every benchmark in turn, then one table of each figure beside its goal (about 25 minutes here).
 bench: install
-	$(PY) benchmarks/rollout_throughput.py
+	$(PY) benchmarks/all.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

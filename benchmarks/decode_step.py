@@ -19,6 +19,7 @@ import torch
 
 from scope.models import local
 from scope.models.local import _cache_kw, _make_cache, _n_layers, load_backend
+from report import report  # benchmarks/report.py (a script's own directory is on sys.path)
 
 
 @torch.inference_mode()
@@ -66,6 +67,7 @@ def main() -> None:
         single = prefill_tok_s(m, 4, 204, 1)
     print(f"prefill 32 x 204 tokens: {whole:.0f} tok/s in one pass, {chunked:.0f} tok/s in the engine's chunks; "
           f"one row at a time {single:.0f} tok/s")
+    report("decode_step", prefill_chunked_tok_s=chunked, prefill_single_tok_s=single)
 
 
 if __name__ == "__main__":

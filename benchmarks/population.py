@@ -6,10 +6,10 @@ Each mode trains the embedded model for a few steps in its own process (so peak 
 - population: as cotrain, partner drawn from a FIFO pool (K=5, a snapshot every step, so the pool
               is full from step 4 on)
 Prints mean step time after the first step, peak RSS, the step-time ratio cotrain / single, the
-peak-memory ratio population / single (goal <= 1.15x) and the time to switch pool members (goal
-<= 50 ms).
+peak-memory ratio population / single (goal <= 1.15x), each mode's resident set after every step and
+its slope (goal: flat) and the time to switch pool members (goal <= 50 ms).
 
-    python benchmarks/population.py [--steps 5]
+    python benchmarks/population.py [--steps 5]     (--steps 20 for the slope over 20 steps)
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from report import report  # benchmarks/report.py (a script's own directory is on sys.path)
 
 
 def config(mode: str, run_dir: str, steps: int) -> dict:
@@ -46,13 +47,29 @@ def child(mode: str, steps: int, out: str) -> None:
     from scope.train import train
 
     torch.set_num_threads(2)
+    rss = []  # resident set after each step (MB)
+
+    def sample(step):
+        with open("/proc/self/statm") as f:
+            rss.append(int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20)
+
     with tempfile.TemporaryDirectory() as d:
-        train(parse_config(config(mode, os.path.join(d, "run"), steps)), log=lambda s: None)
+        train(parse_config(config(mode, os.path.join(d, "run"), steps)), on_step_end=sample, log=lambda s: None)
         ms = read_metrics(os.path.join(d, "run"))
-    res = {"mode": mode, "step_seconds": [m["step_seconds"] for m in ms],
+    res = {"mode": mode, "step_seconds": [m["step_seconds"] for m in ms], "rss_mb": rss,
+           "rss_slope_mb": slope(rss[1:]),  # from the second step on (the first one allocates the buffers)
            "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     with open(out, "w") as f:
         json.dump(res, f)
+
+
+def slope(ys: list[float]) -> float:
+    """Least-squares slope of ``ys`` against their index (per step); 0 for fewer than two points."""
+    n = len(ys)
+    if n < 2:
+        return 0.0
+    mx, my = (n - 1) / 2, sum(ys) / n
+    return sum((i - mx) * (y - my) for i, y in enumerate(ys)) / sum((i - mx) ** 2 for i in range(n))
 
 
 def switch_time(n: int = 200) -> float:
@@ -97,12 +114,17 @@ def main() -> None:
         st = res[mode]["step_seconds"][1:] or res[mode]["step_seconds"]
         res[mode]["mean_step"] = sum(st) / len(st)
         print(f"{mode:>11}: mean step {res[mode]['mean_step']:.1f}s (steps 2..{a.steps}), "
-              f"peak RSS {res[mode]['maxrss_mb']:.0f} MB", flush=True)
+              f"peak RSS {res[mode]['maxrss_mb']:.0f} MB, resident set after each step "
+              f"{' '.join(f'{x / 1024:.2f}' for x in res[mode]['rss_mb'])} GB "
+              f"(slope {res[mode]['rss_slope_mb']:+.0f} MB/step from step 2)", flush=True)
     sw = switch_time()
     print(f"pool member switch: {sw * 1e3:.2f} ms (mean of 200 switches among 5 adapters)")
     print(f"step-time ratio cotrain / single: {res['cotrain']['mean_step'] / res['single']['mean_step']:.2f}x")
     print(f"peak-memory ratio population (K=5) / single: "
           f"{res['population']['maxrss_mb'] / res['single']['maxrss_mb']:.3f}x")
+    report("population", memory_ratio=res["population"]["maxrss_mb"] / res["single"]["maxrss_mb"],
+           switch_ms=sw * 1e3, cotrain_step_ratio=res["cotrain"]["mean_step"] / res["single"]["mean_step"],
+           rss_slope_mb=res["population"]["rss_slope_mb"])
 
 
 if __name__ == "__main__":

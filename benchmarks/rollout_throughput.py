@@ -22,6 +22,7 @@ from scope.envs import get_env
 from scope.models.local import ModelRef, load_backend
 from scope.rollout import Job, run_rollouts
 from scope.types import Episode, SamplingParams
+from report import report  # benchmarks/report.py (a script's own directory is on sys.path)
 
 
 def jobs(refs, n, turns, offset=0):
@@ -76,6 +77,7 @@ def main() -> None:
     print(f"{'32':>12} {int(bt):>8} {bs:>8.1f} {bt / bs:>9.1f}   (all rounds)")
     print(f"{'1 at a time':>12} {int(st):>8} {ss:>8.1f} {st / ss:>9.1f}   (the same 32 dialogues, in sequence)")
     print(f"ratio at 32 dialogues (batched / one at a time): {(bt / bs) / (st / ss):.2f}x")
+    report("rollout_throughput", ratio_32=(bt / bs) / (st / ss), batched_tok_s=bt / bs, single_tok_s=st / ss)
 
 
 if __name__ == "__main__":

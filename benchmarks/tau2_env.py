@@ -16,6 +16,7 @@ from scope.envs.tau2 import load_domain
 from scope.envs.tau2.db import OverlayDB
 from scope.envs.tau2.env import evaluate
 from scope.envs.tau2.tools import ToolError, call_tool
+from report import report  # benchmarks/report.py (a script's own directory is on sys.path)
 
 
 def main() -> None:
@@ -42,6 +43,7 @@ def main() -> None:
         ev = (time.perf_counter() - t) / len(data["tasks"])
         print(f"{domain}: load {load_s:.2f}s; {calls} tool calls in {dt:.2f}s = {calls / dt:.0f} calls/s; "
               f"evaluator {ev * 1e3:.2f} ms per task ({len(data['tasks'])} tasks)")
+        report(f"tau2_{domain}", calls_per_s=calls / dt, evaluator_ms=ev * 1e3)
 
 
 if __name__ == "__main__":

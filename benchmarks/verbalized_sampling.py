@@ -22,6 +22,7 @@ from scope.models.local import ModelRef, load_backend
 from scope.partners.sources import Binding
 from scope.rollout import Job, run_rollouts
 from scope.types import Episode, SamplingParams
+from report import report  # benchmarks/report.py (a script's own directory is on sys.path)
 
 
 def run(refs, n, turns):
@@ -64,6 +65,8 @@ def main() -> None:
     sizes = sorted(Counter(len(r["candidates"]) for r in recs if not r["fallback"]).items())
     print("candidates per parsed VS turn: " + ", ".join(f"{k}: {v} turns" for k, v in sizes))
     print(f"rollout wall-time ratio VS / plain: {t_vs / t_plain:.2f}x")
+    report("verbalized_sampling", ratio=t_vs / t_plain, parsed_frac=parsed / max(len(recs), 1), reasks=reasks,
+           fallbacks=len(recs) - parsed)
 
 
 if __name__ == "__main__":

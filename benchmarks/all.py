@@ -1,0 +1,80 @@
+"""Every benchmark, one after another (they share the machine's cores, so never two at once), then one
+table: each headline figure beside its goal, so that a change that costs speed or memory shows in the
+session that made it. ``make bench`` runs this.
+
+    python benchmarks/all.py [--only rollout_throughput,verbalized_sampling,...]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BENCHES = ["rollout_throughput", "verbalized_sampling", "population", "decode_step", "tau2_env"]
+SCRIPT = {"tau2_retail": "tau2_env", "tau2_airline": "tau2_env"}  # a report's name -> the script that writes it
+# (report, figure): (comparison, goal, unit, what it is)
+GOALS = {
+    ("rollout_throughput", "ratio_32"): (">=", 8.0, "x", "rollout tokens/s, 32 dialogues together vs one at a time"),
+    ("verbalized_sampling", "ratio"): ("<=", 3.0, "x", "rollout wall time, VS partner vs plain partner"),
+    ("verbalized_sampling", "parsed_frac"): (">=", 1.0, "", "share of VS turns parsed (no fallback)"),
+    ("population", "memory_ratio"): ("<=", 1.15, "x", "peak RSS, Population Co-Training (K=5) vs RL (Single)"),
+    ("population", "rss_slope_mb"): ("<=", 50.0, "MB/step", "population's resident set growth per step"),
+    ("population", "switch_ms"): ("<=", 50.0, "ms", "switch to a pool member and back"),
+    ("population", "cotrain_step_ratio"): (None, None, "x", "step time, Co-Training vs RL (Single)"),
+    ("decode_step", "prefill_chunked_tok_s"): (None, None, "tok/s", "prefill, 32 x 204 tokens in the engine's chunks"),
+    ("tau2_retail", "calls_per_s"): (None, None, "/s", "tau2 retail tool calls"),
+    ("tau2_airline", "calls_per_s"): (None, None, "/s", "tau2 airline tool calls"),
+}
+
+
+def verdict(cmp: str | None, goal: float | None, v: float) -> str:
+    if cmp is None:
+        return "(no goal)"
+    ok = v >= goal if cmp == ">=" else v <= goal
+    return "met" if ok else "NOT MET"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", help="comma-separated subset of " + ",".join(BENCHES))
+    a = ap.parse_args()
+    benches = a.only.split(",") if a.only else BENCHES
+    unknown = [b for b in benches if b not in BENCHES]
+    if unknown:
+        ap.error(f"unknown benchmarks {unknown}; choose from {BENCHES}")
+    with tempfile.NamedTemporaryFile(suffix=".jsonl", delete=False) as f:
+        out = f.name
+    env = dict(os.environ, SCOPE_BENCH_JSON=out)
+    seconds, failed = {}, []
+    for b in benches:
+        print(f"== {b}", flush=True)
+        t = time.time()
+        r = subprocess.run([sys.executable, os.path.join(HERE, f"{b}.py")], env=env)
+        seconds[b] = time.time() - t
+        if r.returncode:
+            failed.append(b)
+    rows = [json.loads(ln) for ln in open(out) if ln.strip()]
+    os.remove(out)
+    got = {(r["bench"], k): v for r in rows for k, v in r.items() if k != "bench"}
+    print("\n| figure | measured | goal | verdict |\n|---|---|---|---|")
+    for (bench, key), (cmp, goal, unit, what) in GOALS.items():
+        if (bench, key) not in got:
+            if SCRIPT.get(bench, bench) in benches:  # it ran, but did not report this figure
+                print(f"| {what} | n/a | {'' if cmp is None else f'{cmp} {goal:g} {unit}'} | not measured |")
+            continue
+        v = got[(bench, key)]
+        goal_s = "" if cmp is None else f"{cmp} {goal:g} {unit}"
+        print(f"| {what} | {v:.3g} {unit} | {goal_s} | {verdict(cmp, goal, v)} |")
+    print("\n" + ", ".join(f"{b} {s:.0f}s" for b, s in seconds.items()))
+    if failed:
+        print(f"failed: {', '.join(failed)}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
