@@ -62,6 +62,9 @@ def main() -> None:
     print(f"VS partner (k={a.k}): {t_vs:.1f}s, {st_v.tokens_generated} tokens; {len(recs)} partner turns, "
           f"{parsed} parsed, {len(recs) - parsed} fell back to plain, {reasks} re-asks "
           f"({restarts} of them runaways restarted inside the batch)")
+    causes = Counter(e.split(":")[0].split(" (")[0] for r in recs for e in r["errors"])
+    if causes:
+        print("why attempts were discarded: " + ", ".join(f"{k}: {v}" for k, v in causes.most_common()))
     sizes = sorted(Counter(len(r["candidates"]) for r in recs if not r["fallback"]).items())
     print("candidates per parsed VS turn: " + ", ".join(f"{k}: {v} turns" for k, v in sizes))
     print(f"rollout wall-time ratio VS / plain: {t_vs / t_plain:.2f}x")
