@@ -5,7 +5,7 @@ short inputs MKL's general matrix product is far from the CPU's peak; the same p
 weight that MKL has packed once into its own blocked layout ran 1.3-2.1x faster for the embedded
 model's matrices at 32 rows (one-off measurement; ``benchmarks/decode_step.py`` prints the whole
 decoding step both ways). ``PackedLinears.active(model)`` makes every float32 ``nn.Linear`` of the
-model (LoRA's A and B included) use such a packed copy for the duration of a block:
+model use such a packed copy for the duration of a block (not LoRA's rank-r A and B, see ``MIN_DIM``):
 
 - the packed copy is made on first use and made again whenever the weight changed (its in-place
   version counter moved, as after an optimizer step), so full fine-tuning stays correct;
@@ -30,6 +30,12 @@ import torch.nn.functional as F
 
 MAX_ROWS = 128  # above this the packed layout gains nothing (a long prefill is compute-bound either way)
 _HINT_ROWS = 32  # the row count MKL is told to pack for; the packed weight serves any row count
+# Weights with a side shorter than this (LoRA's rank-r A and B) stay unpacked: MKL's packed buffer for a
+# 16 x 576 matrix holds about 1.4 MB against the weight's 36 KB (``benchmarks/population.py`` history:
+# with every adapter's A and B packed, a population of 7 adapters held ~2 GB of packs and the resident
+# set grew by ~0.4 GB per step as they were packed again after each update), and a rank-16 product
+# costs next to nothing either way.
+MIN_DIM = 64
 
 
 def available() -> bool:
@@ -52,7 +58,7 @@ class PackedLinears:
         if not self.enabled:
             yield model
             return
-        mods = [m for m in model.modules() if type(m) is torch.nn.Linear
+        mods = [m for m in model.modules() if type(m) is torch.nn.Linear and min(m.weight.shape) >= MIN_DIM
                 and m.weight.dtype == torch.float32 and m.weight.device.type == "cpu"]
         for m in mods:
             m.forward = self._forward(m)
