@@ -64,7 +64,7 @@ def _agent_binding(policy: str, cfg_path: str | None, model: str | None, overrid
     if model:
         cfg.models[cfg.agent.model].path = model
     mc = cfg.models[cfg.agent.model]
-    b = load_backend(mc.path, name=cfg.agent.model, seed=cfg.run.seed, dtype=mc.dtype)
+    b = load_backend(mc.path, name=cfg.agent.model, seed=cfg.run.seed, dtype=mc.dtype, device=mc.device)
     adapter = None
     if policy != "base":
         src = os.path.join(policy, "agent")

@@ -23,13 +23,38 @@ class LoraConfig(Strict):
     target_modules: str | list[str] = "all-linear"
 
 
+class VLLMOptions(Strict):
+    """``backend: vllm``: the engine that samples for this model (see scope/models/vllm_backend.py)."""
+
+    base_url: str | None = None
+    """Connect to a running server (started with ``--logprobs-mode processed_logprobs``, ``--enable-lora``
+    and runtime LoRA loading) instead of starting one on 127.0.0.1."""
+    max_loras: int = Field(8, ge=1)
+    """Adapters the engine holds at once: the trainable roles, the pool members and one version in swap."""
+    max_model_len: int = Field(4096, ge=64)
+    extra_args: list[str] = []
+    """More ``vllm.entrypoints.openai.api_server`` flags (e.g. ``--block-size 32``,
+    ``--gpu-memory-utilization 0.4``, ``--tensor-parallel-size 2``)."""
+    python: str | None = None
+    """The interpreter that has vLLM installed (default: this one)."""
+    start_timeout: float = Field(600.0, gt=0)
+    kv_cache_gib: float = Field(2.0, gt=0)
+    """CPU builds: the engine's KV cache (``VLLM_CPU_KVCACHE_SPACE``)."""
+
+
 class ModelConfig(Strict):
-    backend: Literal["local", "openai"] = "local"
+    backend: Literal["local", "openai", "vllm"] = "local"
+    """local: sampled by scope's own decode loop; vllm: the same local weights train, a vLLM engine
+    samples (token ids and log-probs back, adapters synced by version); openai: any endpoint (frozen)."""
     path: str = "smollm2-135m"
     """local: an embedded model name (smollm2-135m), tiny-random, or a transformers checkpoint directory."""
     finetune: Literal["lora", "full"] = "lora"
     lora: LoraConfig = LoraConfig()
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    device: str = "auto"
+    """auto (cuda if present, else cpu) | cpu | cuda | cuda:<i>."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """auto: float32 on the CPU, bfloat16 on a GPU."""
+    vllm: VLLMOptions = VLLMOptions()
     kv_budget_tokens: int = Field(200_000, ge=0)
     """Tokens of per-dialogue key/value cache kept between turns (0 turns reuse off)."""
     options: dict[str, Any] = {}
@@ -52,10 +77,22 @@ class ModelConfig(Strict):
     """The request field that carries ``max_tokens``: OpenAI's reasoning models take only
     ``max_completion_tokens``; vLLM and most other servers take either."""
 
+    @field_validator("device")
+    @classmethod
+    def _device(cls, v):
+        import re as _re
+
+        if not _re.fullmatch(r"auto|cpu|cuda(:\d+)?", v):
+            raise ValueError(f"device must be auto, cpu, cuda or cuda:<index>, not {v!r}")
+        return v
+
     @model_validator(mode="after")
     def _openai_fields(self):
         if self.backend == "openai" and (not self.base_url or not self.model_name):
             raise ValueError("backend openai needs base_url and model_name")
+        if self.backend == "vllm" and self.finetune == "full":
+            raise ValueError("backend vllm syncs LoRA adapters to the engine; full fine-tuning is not synced "
+                             "(use finetune: lora, or backend: local)")
         return self
 
 
@@ -156,6 +193,18 @@ class RolloutConfig(Strict):
     max_context: int = Field(4096, ge=64)
     end_on_truncation: bool = True
     """A reply cut off at max_new_tokens ends the episode as ``truncated``."""
+    workers: int = Field(0, ge=0)
+    """0: dialogues run in this process. N > 0: in N Ray actors, each with its own copy of the models
+    (scope/distributed.py; needs ``pip install 'scope[scale]'``)."""
+
+
+class RayConfig(Strict):
+    address: str | None = None
+    """Join a running cluster (``ray start --head`` on one machine, ``ray start --address`` on the
+    others; e.g. ``auto`` or ``10.0.0.1:6379``); unset: a local instance bound to 127.0.0.1."""
+    cpus_per_worker: float = Field(1.0, gt=0)
+    threads_per_worker: int = Field(0, ge=0)
+    """torch threads in each worker (0: torch's default)."""
 
 
 class TrainConfig(Strict):
@@ -216,6 +265,7 @@ class Config(Strict):
     partner: RoleConfig = RoleConfig()
     env: EnvConfig = EnvConfig()
     rollout: RolloutConfig = RolloutConfig()
+    ray: RayConfig = RayConfig()
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
     diagnostics: DiagnosticsConfig = DiagnosticsConfig()
@@ -235,8 +285,8 @@ class Config(Strict):
                 where = f"{role}.rotation.{i}.model" if rc.source == "rotation" else f"{role}.model"
                 if spec.model not in self.models:
                     raise ValueError(f"{where}: {spec.model!r} is not one of models ({', '.join(self.models)})")
-            if rc.trainable and self.models[rc.model].backend != "local":
-                raise ValueError(f"{role}: a trainable role needs a local model, {rc.model!r} is "
+            if rc.trainable and self.models[rc.model].backend == "openai":
+                raise ValueError(f"{role}: a trainable role needs a local or vllm model, {rc.model!r} is "
                                  f"{self.models[rc.model].backend}")
             if rc.source == "pool" and self.models[rc.model].finetune != "lora":
                 raise ValueError(f"{role}: a pool holds LoRA adapters; models.{rc.model}.finetune must be lora")

@@ -65,7 +65,7 @@ def load_panel(path_or_data: str | dict) -> Panel:
 
 def frozen_refs(models: dict[str, ModelConfig], backends: dict, seed: int = 0) -> dict[str, Any]:
     """A frozen ModelRef (base weights) or endpoint client per model name, reusing loaded backends."""
-    from .models.local import ModelRef, load_backend
+    from .models.local import ModelRef, open_backend
     from .models.openai_backend import OpenAIRef
 
     out = {}
@@ -75,7 +75,7 @@ def frozen_refs(models: dict[str, ModelConfig], backends: dict, seed: int = 0) -
             continue
         key = f"{name}#frozen" if f"{name}#frozen" in backends else name  # not the fully fine-tuned copy
         if key not in backends:
-            backends[key] = load_backend(mc.path, name=name, seed=seed, dtype=mc.dtype, options=mc.options)
+            backends[key] = open_backend(mc, name, seed=seed)
         out[name] = ModelRef(id=f"{name}:base", backend=backends[key])
     return out
 

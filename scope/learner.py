@@ -104,7 +104,7 @@ class Learner:
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         hidden = base.get_decoder()(input_ids=ids, attention_mask=att).last_hidden_state
         h = hidden[:, :-1][sel[:, 1:]]  # position t-1 predicts token t
-        return base.get_output_embeddings()(h).float() / self.cfg.temperature
+        return base.get_output_embeddings()(h).float() / self.cfg.temperature  # float32 log-probs on any dtype
 
     def _batch(self, traces: Sequence[Trace]):
         L = max(len(t.token_ids) for t in traces)
@@ -176,8 +176,9 @@ class Learner:
     def _micro_step(self, micro: list[tuple[Trace, float]], n_tok_total: int) -> dict[str, float]:
         cfg = self.cfg
         traces = [t for t, _ in micro]
-        ids, att, sel, old = self._batch(traces)
-        adv = torch.cat([torch.full((int(sel[i].sum()),), float(a)) for i, (_, a) in enumerate(micro)])
+        dev = getattr(self.backend, "device", torch.device("cpu"))
+        ids, att, sel, old = (x.to(dev) for x in self._batch(traces))
+        adv = torch.cat([torch.full((int(sel[i].sum()),), float(a)) for i, (_, a) in enumerate(micro)]).to(dev)
         model = self.backend.model
         targets = ids[sel]
         ref_logp = None

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from .config import Config
-from .models.local import LocalBackend, ModelRef, load_backend
+from .models.local import LocalBackend, ModelRef, open_backend
 from .partners.sources import build_sources
 
 
@@ -21,10 +21,7 @@ def build_models(cfg: Config) -> tuple[dict[str, LocalBackend], dict[str, Any], 
     def backend(key: str, model_name: str) -> LocalBackend:
         if key not in backends:
             mc = cfg.models[model_name]
-            b = load_backend(mc.path, name=model_name, seed=cfg.run.seed + len(backends), dtype=mc.dtype,
-                             options=mc.options)
-            b.kv_budget_tokens = mc.kv_budget_tokens
-            backends[key] = b
+            backends[key] = open_backend(mc, model_name, seed=cfg.run.seed + len(backends))
         return backends[key]
 
     trainable: dict[str, ModelRef] = {}

@@ -27,7 +27,8 @@ from .envs import get_env
 from .learner import Learner, LearnerConfig, group_advantages
 from .partners.rewards import apply_partner_reward, baseline_of
 from .diagnostics import CLASSIFIERS, behaviour_stats, group_similarity
-from .rollout import Job, run_rollouts
+from .distributed import make_rollout, scale_metrics
+from .rollout import Job
 from .run import Checkpointer, MetricsLogger, RunDir, publish_dir, recover_dir, rollout_records, save_weights
 from .guards import check_start, endpoint_metrics, starting, stop_if_dead
 from .setup import build_judge, build_models
@@ -108,6 +109,7 @@ def train(cfg: Config, resume: bool = False, on_step_end: Callable[[int], None] 
             learners[owner] = Learner(ref.backend, ref.adapter, lc)
         roles_of.setdefault(owner, []).append(role)
     pools = {r: s for r, s in sources.items() if hasattr(s, "maybe_snapshot")}
+    rollout = make_rollout(cfg, backends)  # in this process, or in Ray workers
     sampler = TaskSampler(tasks, cfg.run.seed)
     env_rng = random.Random(cfg.run.seed + 1)
     ckpt = Checkpointer(run, cfg)
@@ -133,12 +135,13 @@ def train(cfg: Config, resume: bool = False, on_step_end: Callable[[int], None] 
         t0 = time.time()
         jobs = make_jobs(cfg, sampler.next(cfg.rollout.n_tasks), sources, step, env_rng)
         progress = (lambda s: log(f"  step {step} {s}")) if cfg.run.progress else None
-        episodes, rstats = run_rollouts(jobs, max_context=cfg.rollout.max_context,
+        episodes, rstats = rollout(jobs, max_context=cfg.rollout.max_context,
                                         end_on_truncation=cfg.rollout.end_on_truncation, progress=progress,
                                         judge=judge)
         t1 = time.time()
         dead_steps = stop_if_dead(episodes, dead_steps, cfg.train.max_failed_steps, step)
-        m: dict[str, float] = {"step": step, **episode_metrics(episodes), **endpoint_metrics(jobs, endpoint_seen)}
+        m: dict[str, float] = {"step": step, **episode_metrics(episodes), **endpoint_metrics(jobs, endpoint_seen),
+                                **scale_metrics(rollout, backends)}
         m.update(step_diagnostics(cfg, step, jobs, episodes, classify, env_rng))
         if cfg.partner.reward != "env":
             apply_partner_reward(cfg.partner.reward, episodes, "partner")
@@ -166,6 +169,8 @@ def train(cfg: Config, resume: bool = False, on_step_end: Callable[[int], None] 
         if on_step_end:
             on_step_end(step)
     metrics_log.close()
+    if hasattr(rollout, "close"):
+        rollout.close()
     return run
 
 

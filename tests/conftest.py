@@ -32,12 +32,14 @@ def shared_path(*parts):
     return p
 
 
-HEAVY = {"/tests/lab/": ("SCOPE_LAB_TESTS", "make test-lab"), "/tests/soak/": ("SCOPE_SOAK_TESTS", "make test-soak")}
+HEAVY = {"/tests/lab/": ("SCOPE_LAB_TESTS", "make test-lab"), "/tests/soak/": ("SCOPE_SOAK_TESTS", "make test-soak"),
+         "/tests/scale/": ("SCOPE_SCALE_TESTS", "make test-scale")}
 
 
 def pytest_collection_modifyitems(config, items):
     """Tests that take minutes run in their own targets: the lab's end to end (tests/lab/: builds the lab's
-    models and trains) in `make test-lab`, the kill-and-resume soak (tests/soak/) in `make test-soak`.
+    models and trains) in `make test-lab`, the kill-and-resume soak (tests/soak/) in `make test-soak`,
+    the vLLM engine and Ray workers (tests/scale/, in their own environment .venv-scale) in `make test-scale`.
     Each target sets its variable; `make test` skips them."""
     for item in items:
         path = str(item.fspath).replace(os.sep, "/")

@@ -29,7 +29,8 @@ class LocalBackend:
         self.tokenizer = tokenizer
         self.name = name
         self.versions: dict[str | None, int] = {None: 0}
-        self.generator = torch.Generator().manual_seed(seed)
+        self.device = next(model.parameters()).device
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
         eos = set()
         for src in (getattr(tokenizer, "eos_token_id", None),
                     getattr(getattr(model, "generation_config", None), "eos_token_id", None)):
@@ -48,6 +49,14 @@ class LocalBackend:
         from .packed import PackedLinears
 
         self.packed = PackedLinears(enabled=pack_weights)  # MKL-packed weights while sampling (CPU)
+
+    def to(self, device: torch.device, dtype: torch.dtype | None = None) -> "LocalBackend":
+        """Move the weights (before any adapter or learner is attached); the sampler's generator follows."""
+        self.model.to(device=device, dtype=dtype)
+        self.device = torch.device(device)
+        self.generator = torch.Generator(device=self.device).manual_seed(int(self.generator.initial_seed()))
+        self.kv_store.clear()
+        return self
 
     # ---- adapters -----------------------------------------------------------------------------
     @property
@@ -742,16 +751,39 @@ def load_tokenizer(spec: str, options: dict | None = None):
     return tok
 
 
-def load_backend(spec: str, name: str | None = None, seed: int = 0, dtype: str = "float32",
-                 threads: int | None = None, options: dict | None = None) -> LocalBackend:
+def resolve_device(device: str = "auto") -> torch.device:
+    """``auto``: the first GPU when torch sees one, else the CPU; ``cuda[:i]`` must exist."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    d = torch.device(device)
+    if d.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device!r}: this torch sees no GPU (torch {torch.__version__}, "
+                             f"CUDA build: {torch.version.cuda is not None})")
+        if d.index is not None and d.index >= torch.cuda.device_count():
+            raise ValueError(f"device {device!r}: only {torch.cuda.device_count()} GPU(s) visible")
+    return d
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """``auto``: float32 on the CPU (its decode loop is tuned for it), bfloat16 on a GPU."""
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, dtype)
+
+
+def load_backend(spec: str, name: str | None = None, seed: int = 0, dtype: str = "auto",
+                 threads: int | None = None, options: dict | None = None, device: str = "auto") -> LocalBackend:
     from transformers import AutoModelForCausalLM
 
     if threads:
         torch.set_num_threads(threads)
+    dev = resolve_device(device)
     if spec == TINY:
-        return tiny_backend(load_tokenizer(spec), seed=seed, name=name or spec)
+        b = tiny_backend(load_tokenizer(spec), seed=seed, name=name or spec)
+        return b.to(dev, resolve_dtype(dtype, dev)) if dev.type != "cpu" or dtype not in ("auto", "float32") else b
     path = resolve_model_path(spec, options)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(dtype, dev)).to(dev)
     return LocalBackend(model, load_tokenizer(path), name=name or spec, seed=seed)
 
 
@@ -778,3 +810,15 @@ def clone_frozen(model: torch.nn.Module) -> torch.nn.Module:
     for p in ref.parameters():
         p.requires_grad_(False)
     return ref.eval()
+
+
+def open_backend(mc, name: str, seed: int = 0):
+    """The backend of a ``models.<name>`` entry (``backend: local`` or ``vllm``): its weights loaded
+    on ``mc.device`` in ``mc.dtype``; for vllm, wrapped so that a vLLM engine samples for it."""
+    b = load_backend(mc.path, name=name, seed=seed, dtype=mc.dtype, options=mc.options, device=mc.device)
+    b.kv_budget_tokens = mc.kv_budget_tokens
+    if mc.backend == "vllm":
+        from .vllm_backend import attach_engine
+
+        return attach_engine(b, mc, resolve_model_path(mc.path, mc.options) if mc.path != TINY else None, seed)
+    return b

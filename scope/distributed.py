@@ -1,0 +1,272 @@
+"""Ray rollout workers: the same Job -> Episode contract as ``run_rollouts``, run in N actors.
+
+``rollout.workers: N`` (N > 0) makes ``make_rollout`` return a ``RayRollout``. Each worker is a Ray actor
+that builds its own copy of the run's models from the config (``setup.build_models``) and runs
+``run_rollouts`` on its share of a step's jobs. The driver keeps everything that decides *who* plays
+(the sources: rotation, personas, the pool's draws) and the learners; a job travels to a worker with
+each role's model reference replaced by its name (backend key, adapter), and the episode comes back.
+
+Weights reach the workers the way they reach an engine: adapter-only and by version. Before a step the
+driver compares each adapter's version (the learner's update count; a pool member's copy) with the
+version each worker holds, and sends the adapters that moved (one object in Ray's store for all
+workers); adapters that left the driver's model (an evicted pool member) are deleted on the workers.
+Fully fine-tuned weights are sent whole.
+
+A worker that dies, or a call that raises, turns that worker's episodes into failed episodes (the step
+goes on) and the worker is started afresh for the next step.
+
+Ray binds to 127.0.0.1 when it starts a local instance here (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``,
+``_node_ip_address``); ``ray.address`` joins a cluster started with ``ray start`` (see the README for a
+safe multi-machine setup).
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+# Ray reads this when it is imported: without it a local instance listens on the machine's own address
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
+from .rollout import Job, RolloutStats, run_rollouts
+
+
+@dataclass(frozen=True)
+class RefName:
+    """A model reference by name: rebuilt from the receiver's own backends."""
+
+    kind: str            # "local" | "openai"
+    key: str             # backend key (local) or models entry (openai)
+    adapter: str | None
+    id: str
+    trainable: bool = False
+
+
+def make_rollout(cfg, backends: dict):
+    """``run_rollouts`` itself, or Ray workers when ``rollout.workers`` > 0."""
+    if cfg.rollout.workers <= 0:
+        return run_rollouts
+    return RayRollout(cfg, backends)
+
+
+def _ray_init(address: str | None):
+    import ray
+
+    if ray.is_initialized():
+        return ray
+    if address:
+        ray.init(address=address, log_to_driver=False)
+    else:
+        ray.init(num_cpus=os.cpu_count(), include_dashboard=False, _node_ip_address="127.0.0.1",
+                 log_to_driver=False, configure_logging=False)
+    return ray
+
+
+class RayRollout:
+    def __init__(self, cfg, backends: dict):
+        self.cfg, self.backends = cfg, backends
+        self.ray = _ray_init(cfg.ray.address)
+        self.n = cfg.rollout.workers
+        self.workers: list[Any] = [None] * self.n
+        self.sent: list[dict[tuple[str, str | None], int]] = [{} for _ in range(self.n)]
+        self.stats = {"weight_syncs": 0, "sync_seconds": 0.0, "worker_failures": 0, "restarts": 0}
+        for i in range(self.n):
+            self._start(i)
+
+    def _start(self, i: int) -> None:
+        ray = self.ray
+        Actor = ray.remote(num_cpus=self.cfg.ray.cpus_per_worker, max_restarts=0)(RolloutWorker)
+        self.workers[i] = Actor.remote(self.cfg.model_dump(), i)
+        self.sent[i] = {}
+
+    # -- naming references --
+    def _name(self, ref) -> RefName:
+        if hasattr(ref, "backend"):
+            b = ref.backend
+            key = next((k for k, v in self.backends.items() if v is b), None)
+            if key is None:
+                raise ValueError(f"model reference {ref.id!r} is not on one of this run's backends")
+            return RefName("local", key, ref.adapter, ref.id, bool(getattr(ref, "trainable", False)))
+        return RefName("openai", ref.id, None, ref.id)
+
+    def _weights(self, i: int) -> tuple[dict, dict]:
+        """(adapters or full weights that moved since worker ``i`` last got them, adapters per backend)."""
+        send, live = {}, {}
+        for key, b in self.backends.items():
+            local = getattr(b, "local", b)
+            names = local.adapter_names()
+            live[key] = names
+            for a in names:
+                v = local.versions.get(a, 0)
+                if self.sent[i].get((key, a)) != v:
+                    send[(key, a)] = (v, _adapter_state(local, a), _adapter_config(local, a))
+            if self.cfg.models[key.split("#")[0]].finetune == "full" and "#" not in key:
+                v = local.versions.get(None, 0)
+                if v and self.sent[i].get((key, None)) != v:
+                    send[(key, None)] = (v, {k: t.detach().cpu() for k, t in local.model.state_dict().items()}, None)
+        return send, live
+
+    def __call__(self, jobs: list[Job], **kw) -> tuple[list, RolloutStats]:
+        ray = self.ray
+        if kw.get("judge") is not None:
+            kw["judge"] = _swap_binding(kw["judge"], self._name)
+        parts = [jobs[k::self.n] for k in range(self.n)] if len(jobs) >= self.n else [jobs]
+        kw = {k: v for k, v in kw.items() if k != "progress"}
+        calls = []
+        t0 = time.perf_counter()
+        for i, part in enumerate(parts):
+            if not part:
+                calls.append(None)
+                continue
+            send, live = self._weights(i)
+            payload = [(_swap_job(j, self._name)) for j in part]
+            calls.append(self.workers[i].run.remote(ray.put(send) if send else {}, live, payload, kw))
+            self.stats["weight_syncs"] += len(send)
+            for k, (v, _, _) in send.items():
+                self.sent[i][k] = v
+        self.stats["sync_seconds"] += time.perf_counter() - t0
+        total = RolloutStats()
+        for i, (part, call) in enumerate(zip(parts, calls)):
+            if call is None:
+                continue
+            try:
+                eps, st = ray.get(call)
+            except Exception as e:  # noqa: BLE001 - a dead worker fails its episodes, not the step
+                self.stats["worker_failures"] += 1
+                for j in part:
+                    j.episode.status = "failed"
+                    j.episode.error = f"rollout worker {i} failed: {type(e).__name__}: {str(e)[:300]}"
+                self._restart(i)
+                continue
+            for j, ep in zip(part, eps):
+                j.episode = ep
+            total.tokens_generated += st.tokens_generated
+            total.calls += st.calls
+            total.rounds = max(total.rounds, st.rounds)
+            for m, n in st.per_model.items():
+                total.per_model[m] = total.per_model.get(m, 0) + n
+        total.seconds = time.perf_counter() - t0
+        return [j.episode for j in jobs], total
+
+    def _restart(self, i: int) -> None:
+        try:
+            self.ray.kill(self.workers[i])
+        except Exception:  # noqa: BLE001
+            pass
+        self.stats["restarts"] += 1
+        self._start(i)
+
+    def close(self) -> None:
+        for w in self.workers:
+            try:
+                self.ray.kill(w)
+            except Exception:  # noqa: BLE001
+                pass
+
+
+def _adapter_state(local, adapter: str) -> dict:
+    from peft import get_peft_model_state_dict
+
+    return {k: t.detach().cpu().clone() for k, t in get_peft_model_state_dict(local.model, adapter_name=adapter).items()}
+
+
+def _adapter_config(local, adapter: str) -> dict:
+    c = local.model.peft_config[adapter]
+    tm = c.target_modules
+    return {"r": c.r, "alpha": c.lora_alpha, "dropout": c.lora_dropout,
+            "target_modules": sorted(tm) if isinstance(tm, (set, list, tuple)) else tm}
+
+
+def _swap_binding(b, name_of):
+    from dataclasses import replace
+
+    return replace(b, ref=name_of(b.ref)) if hasattr(b, "ref") else name_of(b)
+
+
+def _swap_job(j: Job, name_of) -> Job:
+    return Job(env=j.env, episode=j.episode, refs={r: _swap_binding(b, name_of) for r, b in j.refs.items()},
+               uid=j.uid)
+
+
+class RolloutWorker:
+    """A Ray actor: the run's models, built once; runs its share of each step's jobs."""
+
+    def __init__(self, cfg_dict: dict, index: int):
+        import torch
+
+        from .config import Config
+        from .setup import build_models
+
+        threads = cfg_dict.get("ray", {}).get("threads_per_worker") or 0
+        if threads:
+            torch.set_num_threads(threads)
+        self.cfg = Config.model_validate(cfg_dict)
+        self.index = index
+        self.backends, _, _ = build_models(self.cfg)
+        self.refs: dict[RefName, Any] = {}
+        self.openai: dict[str, Any] = {}
+
+    def _ref(self, n: RefName):
+        if n not in self.refs:
+            if n.kind == "openai":
+                from .models.openai_backend import OpenAIRef
+
+                self.refs[n] = OpenAIRef.from_config(n.key, self.cfg.models[n.key], self.cfg.run.seed + self.index)
+            else:
+                from .models.local import ModelRef
+
+                self.refs[n] = ModelRef(id=n.id, backend=self.backends[n.key], adapter=n.adapter,
+                                        trainable=n.trainable)
+        return self.refs[n]
+
+    def _sync(self, send: dict, live: dict) -> None:
+        from peft import set_peft_model_state_dict
+
+        for (key, adapter), (version, state, acfg) in send.items():
+            b = self.backends[key]
+            local = getattr(b, "local", b)
+            if adapter is None:
+                local.model.load_state_dict(state)
+            else:
+                if adapter not in local.adapter_names():
+                    local.add_lora(adapter, **acfg)
+                set_peft_model_state_dict(local.model, state, adapter_name=adapter)
+            local.versions[adapter] = version
+        for key, names in live.items():
+            local = getattr(self.backends[key], "local", self.backends[key])
+            for a in local.adapter_names():
+                if a not in names:
+                    local.model.delete_adapter(a)
+                    local.versions.pop(a, None)
+                    self.refs = {n: r for n, r in self.refs.items() if not (n.key == key and n.adapter == a)}
+
+    def run(self, send: dict, live: dict, jobs: list[Job], kw: dict):
+        self._sync(send, live)
+        for j in jobs:
+            j.refs = {r: self._bind(b) for r, b in j.refs.items()}
+        if kw.get("judge") is not None:
+            kw = dict(kw, judge=self._bind(kw["judge"]))
+        eps, stats = run_rollouts(jobs, **kw)
+        for e in eps:
+            e.meta["worker"] = self.index
+        return eps, stats
+
+    def _bind(self, b):
+        from dataclasses import replace
+
+        return replace(b, ref=self._ref(b.ref)) if hasattr(b, "ref") else self._ref(b)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+def scale_metrics(rollout, backends: dict) -> dict[str, float]:
+    """Cumulative counters of the Ray workers (``ray/...``) and of each vLLM engine (``engine/<model>/...``)."""
+    out: dict[str, float] = {}
+    for k, v in getattr(rollout, "stats", {}).items():
+        out[f"ray/{k}"] = float(v)
+    for key, b in backends.items():
+        for k, v in getattr(b, "stats", {}).items() if hasattr(b, "engine") else ():
+            out[f"engine/{key}/{k}"] = float(v)
+    return out
