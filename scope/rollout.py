@@ -238,6 +238,9 @@ def _run_token_requests(items: list[_Req], stats: RolloutStats) -> None:
         return
     stats.calls += 1
     for r, c in zip(items, outs):
+        if isinstance(c, BaseException):  # an engine backend fails requests one by one
+            r.error = c
+            continue
         _count(stats, c.model_id, len(c.token_ids))
         try:
             r.text = r.prefix + record_reply(r.job.episode.traces[r.role], b.ref.tokenizer, c, b.ref.eos_id)
@@ -260,7 +263,8 @@ def _chat(ref: Any, convs: list[list[dict[str, str]]], sp: SamplingParams, respo
     except Exception as e:
         return [e] * len(convs)
     for c in outs:
-        c.text = prefix + c.text
+        if not isinstance(c, BaseException):
+            c.text = prefix + c.text
     return outs
 
 

@@ -34,6 +34,22 @@ class Boom(ScriptedRef):
         raise ConnectionError("partner endpoint down")
 
 
+class HalfDown(ScriptedRef):
+    """An engine backend's way to fail: the exception in the slot of each request that failed."""
+
+    def generate(self, prompts, sampling, sessions=None):
+        outs = super().generate(prompts, sampling, sessions)
+        return [ConnectionError("engine lost row 0") if i == 0 else c for i, c in enumerate(outs)]
+
+
+def test_a_failed_slot_of_a_token_batch_fails_only_its_episode(smol_tokenizer):
+    agent = ScriptedRef(smol_tokenizer, ["Please donate."], "agent")
+    partner = HalfDown(smol_tokenizer, ["Sure [DONATE $2]"], "partner")
+    eps, _ = run_rollouts(p4g_jobs({"agent": agent, "partner": partner}, 3, max_turns=2), SP)
+    assert eps[0].status == "failed" and "engine lost row 0" in eps[0].error
+    assert all(e.status != "failed" for e in eps[1:])
+
+
 def test_a_failing_model_or_env_fails_only_its_episodes(smol_tokenizer):
     agent = ScriptedRef(smol_tokenizer, ["Please donate."], "agent")
     good = ScriptedRef(smol_tokenizer, ["Sure [DONATE $2]"], "good")
