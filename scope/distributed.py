@@ -8,8 +8,8 @@ each role's model reference replaced by its name (backend key, adapter), and the
 
 Weights reach the workers the way they reach an engine: adapter-only and by version. Before a step the
 driver compares each adapter's version (the learner's update count; a pool member's copy) with the
-version each worker holds, and sends the adapters that moved (one object in Ray's store for all
-workers); adapters that left the driver's model (an evicted pool member) are deleted on the workers.
+version each worker holds, and sends the adapters that moved (each read once a step and put in Ray's
+store once, whichever workers need it); adapters that left the driver's model (an evicted pool member) are deleted on the workers.
 Fully fine-tuned weights are sent whole.
 
 A worker that dies, or a call that raises, turns that worker's episodes into failed episodes (the step
@@ -71,6 +71,7 @@ class RayRollout:
         self.workers: list[Any] = [None] * self.n
         self.sent: list[dict[tuple[str, str | None], int]] = [{} for _ in range(self.n)]
         self.stats = {"weight_syncs": 0, "sync_seconds": 0.0, "worker_failures": 0, "restarts": 0}
+        self.key_of = {id(b): k for k, b in backends.items()}
         for i in range(self.n):
             self._start(i)
 
@@ -83,29 +84,30 @@ class RayRollout:
     # -- naming references --
     def _name(self, ref) -> RefName:
         if hasattr(ref, "backend"):
-            b = ref.backend
-            key = next((k for k, v in self.backends.items() if v is b), None)
+            key = self.key_of.get(id(ref.backend))
             if key is None:
                 raise ValueError(f"model reference {ref.id!r} is not on one of this run's backends")
             return RefName("local", key, ref.adapter, ref.id, bool(getattr(ref, "trainable", False)))
         return RefName("openai", ref.id, None, ref.id)
 
-    def _weights(self, i: int) -> tuple[dict, dict]:
-        """(adapters or full weights that moved since worker ``i`` last got them, adapters per backend)."""
-        send, live = {}, {}
+    def _weights(self) -> tuple[dict[tuple[str, str | None], int], dict[str, list[str]]]:
+        """(the version of every adapter, and of fully fine-tuned weights once updated; adapters per backend)."""
+        versions, live = {}, {}
         for key, b in self.backends.items():
             local = getattr(b, "local", b)
-            names = local.adapter_names()
-            live[key] = names
-            for a in names:
-                v = local.versions.get(a, 0)
-                if self.sent[i].get((key, a)) != v:
-                    send[(key, a)] = (v, _adapter_state(local, a), _adapter_config(local, a))
-            if self.cfg.models[key.split("#")[0]].finetune == "full" and "#" not in key:
-                v = local.versions.get(None, 0)
-                if v and self.sent[i].get((key, None)) != v:
-                    send[(key, None)] = (v, {k: t.detach().cpu() for k, t in local.model.state_dict().items()}, None)
-        return send, live
+            live[key] = local.adapter_names()
+            for a in live[key]:
+                versions[(key, a)] = local.versions.get(a, 0)
+            if self.cfg.models[key.split("#")[0]].finetune == "full" and "#" not in key \
+                    and local.versions.get(None, 0):
+                versions[(key, None)] = local.versions[None]
+        return versions, live
+
+    def _payload(self, key: str, adapter: str | None, version: int):
+        local = getattr(self.backends[key], "local", self.backends[key])
+        if adapter is None:
+            return version, {k: t.detach().cpu() for k, t in local.model.state_dict().items()}, None
+        return version, _adapter_state(local, adapter), _adapter_config(local, adapter)
 
     def __call__(self, jobs: list[Job], **kw) -> tuple[list, RolloutStats]:
         ray = self.ray
@@ -115,16 +117,21 @@ class RayRollout:
         kw = {k: v for k, v in kw.items() if k != "progress"}
         calls = []
         t0 = time.perf_counter()
+        versions, live = self._weights()
+        stored: dict[tuple[str, str | None], Any] = {}  # each moved adapter read and put in Ray's store once
         for i, part in enumerate(parts):
             if not part:
                 calls.append(None)
                 continue
-            send, live = self._weights(i)
+            moved = [k for k, v in versions.items() if self.sent[i].get(k) != v]
+            for k in moved:
+                if k not in stored:
+                    stored[k] = ray.put(self._payload(*k, versions[k]))
             payload = [(_swap_job(j, self._name)) for j in part]
-            calls.append(self.workers[i].run.remote(ray.put(send) if send else {}, live, payload, kw))
-            self.stats["weight_syncs"] += len(send)
-            for k, (v, _, _) in send.items():
-                self.sent[i][k] = v
+            calls.append(self.workers[i].run.remote({k: stored[k] for k in moved}, live, payload, kw))
+            self.stats["weight_syncs"] += len(moved)
+            for k in moved:
+                self.sent[i][k] = versions[k]
         self.stats["sync_seconds"] += time.perf_counter() - t0
         total = RolloutStats()
         for i, (part, call) in enumerate(zip(parts, calls)):
@@ -205,7 +212,6 @@ class RolloutWorker:
         self.index = index
         self.backends, _, _ = build_models(self.cfg)
         self.refs: dict[RefName, Any] = {}
-        self.openai: dict[str, Any] = {}
 
     def _ref(self, n: RefName):
         if n not in self.refs:
@@ -221,9 +227,11 @@ class RolloutWorker:
         return self.refs[n]
 
     def _sync(self, send: dict, live: dict) -> None:
+        import ray
         from peft import set_peft_model_state_dict
 
-        for (key, adapter), (version, state, acfg) in send.items():
+        for (key, adapter), obj in send.items():
+            version, state, acfg = ray.get(obj) if isinstance(obj, ray.ObjectRef) else obj
             b = self.backends[key]
             local = getattr(b, "local", b)
             if adapter is None:
@@ -244,21 +252,14 @@ class RolloutWorker:
     def run(self, send: dict, live: dict, jobs: list[Job], kw: dict):
         self._sync(send, live)
         for j in jobs:
-            j.refs = {r: self._bind(b) for r, b in j.refs.items()}
+            j.refs = {r: _swap_binding(b, self._ref) for r, b in j.refs.items()}
         if kw.get("judge") is not None:
-            kw = dict(kw, judge=self._bind(kw["judge"]))
+            kw = dict(kw, judge=_swap_binding(kw["judge"], self._ref))
         eps, stats = run_rollouts(jobs, **kw)
         for e in eps:
             e.meta["worker"] = self.index
         return eps, stats
 
-    def _bind(self, b):
-        from dataclasses import replace
-
-        return replace(b, ref=self._ref(b.ref)) if hasattr(b, "ref") else self._ref(b)
-
-    def pid(self) -> int:
-        return os.getpid()
 
 
 def scale_metrics(rollout, backends: dict) -> dict[str, float]:

@@ -54,6 +54,8 @@ class LocalBackend:
         """Move the weights (before any adapter or learner is attached); the sampler's generator follows."""
         self.model.to(device=device, dtype=dtype)
         self.device = torch.device(device)
+        if self.device.type != "cpu" and getattr(self.model.config, "_attn_implementation", None) == _attention.NAME:
+            self.model.config._attn_implementation = "sdpa"  # scope's attention is for CPU sampling only
         self.generator = torch.Generator(device=self.device).manual_seed(int(self.generator.initial_seed()))
         self.kv_store.clear()
         return self
@@ -780,8 +782,7 @@ def load_backend(spec: str, name: str | None = None, seed: int = 0, dtype: str =
         torch.set_num_threads(threads)
     dev = resolve_device(device)
     if spec == TINY:
-        b = tiny_backend(load_tokenizer(spec), seed=seed, name=name or spec)
-        return b.to(dev, resolve_dtype(dtype, dev)) if dev.type != "cpu" or dtype not in ("auto", "float32") else b
+        return tiny_backend(load_tokenizer(spec), seed=seed, name=name or spec).to(dev, resolve_dtype(dtype, dev))
     path = resolve_model_path(spec, options)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(dtype, dev)).to(dev)
     return LocalBackend(model, load_tokenizer(path), name=name or spec, seed=seed)

@@ -326,8 +326,7 @@ def attach_engine(local, mc, model_path: str | None, seed: int = 0) -> EngineBac
     lora_rank = mc.lora.r if mc.finetune == "lora" else 16
     engine = VLLMEngine(model_path, o.base_url, max_loras=o.max_loras, max_lora_rank=max(lora_rank, 8),
                         max_model_len=o.max_model_len,
-                        dtype={"auto": "auto", "float32": "float32", "bfloat16": "bfloat16",
-                               "float16": "float16"}[mc.dtype] if local.device.type == "cuda" else "float32",
+                        dtype=mc.dtype if local.device.type == "cuda" else "float32",
                         extra_args=o.extra_args, python=o.python, start_timeout=o.start_timeout,
                         env={"VLLM_CPU_KVCACHE_SPACE": f"{o.kv_cache_gib:g}"})
     b = EngineBackend(local, engine, seed=seed)
