@@ -88,6 +88,16 @@ def test_items_are_salvaged_from_a_cut_off_reply():
     assert p.texts == ['Sure "yes"', "No"] and p.probs == pytest.approx([0.75, 0.25])
 
 
+def test_a_stray_empty_list_does_not_hide_the_candidates():
+    # seen from the embedded model: a whole candidate, then a second "responses" key with an empty list
+    raw = '{"responses": [{"text": "this is a question I ask often", "probability": 0.3}, "responses": []}'
+    p = parse(raw)
+    assert p.ok and p.texts == ["this is a question I ask often"]
+    p = parse('[] {"responses": [{"text": "Yes", "probability": 0.5}]}')  # an empty list first, then the set
+    assert p.ok and p.texts == ["Yes"]
+    assert not parse('{"responses": [], "note": []}').ok
+
+
 def test_runaway_detects_only_an_open_overlong_candidate():
     from scope.partners.vs import runaway
 

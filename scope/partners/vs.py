@@ -140,19 +140,8 @@ def parse(raw: Any, k: int = 5, method: str = "prob") -> VSParse:
         return VSParse(error=f"unparseable ({type(e).__name__})")
 
 
-def _parse(raw: Any, k: int, method: str) -> VSParse:
-    if not isinstance(raw, str):
-        return VSParse(error="reply is not text")
-    items = None
-    for value in json_values(raw):  # an object with a candidate list (at any depth), or a bare list
-        found = next((x for x in walk(value) if _candidate_list(x) is not None), None)
-        items = _candidate_list(found) if found is not None else (value if isinstance(value, list) else None)
-        if items is not None:
-            break
-    if items is None:
-        items = [{"text": t, "probability": p} for t, p, _ in _items(raw)]
-    if not items:
-        return VSParse(error="no JSON list of responses found")
+def _usable(items: list, k: int) -> tuple[list[str], list[float]]:
+    """The first ``k`` non-empty candidates in a candidate list, with their stated probabilities."""
     texts, probs = [], []
     for it in items:
         if isinstance(it, dict):
@@ -168,6 +157,30 @@ def _parse(raw: Any, k: int, method: str) -> VSParse:
         probs.append(_prob(p))
         if len(texts) == k:
             break
+    return texts, probs
+
+
+def _parse(raw: Any, k: int, method: str) -> VSParse:
+    if not isinstance(raw, str):
+        return VSParse(error="reply is not text")
+    found_list = False
+    texts: list[str] = []
+    probs: list[float] = []
+    for value in json_values(raw):  # an object with a candidate list (at any depth), or a bare list
+        holder = next((x for x in walk(value) if _candidate_list(x) is not None), None)
+        items = _candidate_list(holder) if holder is not None else (value if isinstance(value, list) else None)
+        if items is None:
+            continue
+        found_list = True
+        texts, probs = _usable(items, k)
+        if texts:  # an empty or placeholder-only list (e.g. a stray '"responses": []') is passed over
+            break
+    if not texts:  # salvage the candidate objects of a reply whose JSON is not whole
+        salvaged = [{"text": t, "probability": p} for t, p, _ in _items(raw)]
+        found_list = found_list or bool(salvaged)
+        texts, probs = _usable(salvaged, k)
+    if not found_list:
+        return VSParse(error="no JSON list of responses found")
     if not texts:
         return VSParse(error="no non-empty candidate (an echo of the format is not a candidate set)")
     top = max(probs)
