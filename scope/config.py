@@ -90,9 +90,6 @@ class ModelConfig(Strict):
     def _openai_fields(self):
         if self.backend == "openai" and (not self.base_url or not self.model_name):
             raise ValueError("backend openai needs base_url and model_name")
-        if self.backend == "vllm" and self.finetune == "full":
-            raise ValueError("backend vllm syncs LoRA adapters to the engine; full fine-tuning is not synced "
-                             "(use finetune: lora, or backend: local)")
         return self
 
 
@@ -101,6 +98,10 @@ class VSConfig(Strict):
     method: Literal["prob", "random"] = "prob"
     max_reasks: int = Field(2, ge=0)
     max_new_tokens: int = Field(400, ge=16)
+    max_words: int | Literal["auto"] | None = "auto"
+    """The length guide in the request ("Keep each reply under N words."), as the Verbalized Sampling
+    prompts give one: "auto" is 3/4 of the partner's plain ``max_new_tokens`` (about a word per 4/3
+    tokens), so that a drawn candidate is as long as a plain reply could be; null asks for no length."""
 
 
 class PartnerSpec(Strict):
@@ -297,6 +298,17 @@ class Config(Strict):
                 and self.models[a.model].finetune == "full":
             raise ValueError("agent and partner both fully fine-tune model "
                              f"{a.model!r}: give the partner its own models entry (its own weights)")
+        for role, rc in (("agent", a), ("partner", p)):
+            mc = self.models[rc.model]
+            if rc.trainable and mc.finetune == "full" and mc.backend == "vllm" and mc.vllm.base_url:
+                other = "agent" if role == "partner" else "partner"
+                users = [s.model for s in getattr(self, other).specs() if not getattr(self, other).trainable]
+                if self.env.judge is not None:
+                    users.append(self.env.judge.model)
+                if rc.model in users:
+                    raise ValueError(f"models.{rc.model}: fully fine-tuned, its engine at vllm.base_url serves the "
+                                     f"trained weights, so a frozen role cannot sample from it there; give the "
+                                     f"frozen role its own models entry (or drop base_url: a second engine starts)")
         if self.agent.self_play:
             raise ValueError("agent.self_play: self-play is set on the partner (it plays with the agent's adapter)")
         if self.partner.self_play and (not self.agent.trainable or self.partner.model != self.agent.model):

@@ -302,7 +302,7 @@ def _run_text_requests(items: list[_Req], stats: RolloutStats, vs: bool) -> None
                 _count(stats, c.model_id or b.id, len(c.token_ids))
         return
     cfg = b.vs
-    instr = vs_mod.instruction(cfg.k, cfg.method)
+    instr = vs_mod.instruction(cfg.k, cfg.method, vs_mod.max_words(cfg.max_words, b.sampling.max_new_tokens))
     rf = ({"type": "json_schema", "json_schema": vs_mod.json_schema(cfg.k, cfg.method)}
           if getattr(b.ref, "json_schema", False) else None)
     local = not getattr(b.ref, "chat", False)

@@ -60,6 +60,8 @@ def test_shipped_configs_and_panels_are_valid_and_match_the_paper():
     ({"train": {"lr": float("nan")}}, "train.lr"),
     ({"models": {"policy": {"finetune": "full"}}, "agent": {"trainable": True}, "partner": {"trainable": True}},
      "give the partner its own models entry"),
+    ({"models": {"policy": {"backend": "vllm", "finetune": "full", "vllm": {"base_url": "http://127.0.0.1:1"}}},
+      "agent": {"trainable": True}}, "a frozen role cannot sample from it there"),
 ])
 def test_bad_config_names_the_key(data, needle):
     with pytest.raises(ConfigError) as e:

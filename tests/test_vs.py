@@ -7,7 +7,37 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scope.partners.vs import draw, instruction, json_schema, parse
+from scope.partners.vs import draw, instruction, json_schema, max_words, parse
+from scope.types import Completion
+
+
+class Says:
+    """An endpoint-like model that always says ``text``."""
+    chat, trainable, version, id = True, False, 0, "says"
+
+    def __init__(self, text):
+        self.text = text
+
+    def drop_sessions(self, keys):
+        pass
+
+    def chat_generate(self, convs, sampling, response_format=None):
+        return [Completion(self.text, [], [], "stop") for _ in convs]
+
+
+def _one_vs_turn(partner):
+    """One P4G dialogue turn against the ``partner`` binding (the agent an endpoint that says hello)."""
+    from scope.envs import get_env
+    from scope.partners.sources import Binding
+    from scope.rollout import Job, run_rollouts
+    from scope.types import Episode, SamplingParams
+
+    env_cls = get_env("p4g")
+    task = env_cls.load_tasks("train")[0]
+    agent = Binding("a", Says("Hello! Would you donate?"), SamplingParams(max_new_tokens=8))
+    job = Job(env=env_cls(task, random.Random(0), max_turns=1), episode=Episode(task.id, "0", 0),
+              refs={"agent": agent, "partner": partner}, uid=0)
+    return run_rollouts([job], end_on_truncation=False)[0]
 
 
 def check(p):
@@ -80,6 +110,27 @@ def test_prompt_and_schema_mention_k():
     assert "5 different replies" in instruction(5, "prob") and "probability" in instruction(5, "prob")
     assert "probability" not in instruction(3, "random")
     assert json_schema(4, "prob")["schema"]["properties"]["responses"]["maxItems"] == 4
+    assert "words" not in instruction(5, "prob") and "under 36 words." in instruction(5, "prob", 36)
+    assert max_words("auto", 48) == 36 and max_words(None, 48) is None and max_words(12, 48) == 12
+
+
+def test_the_vs_request_carries_the_length_guide_of_its_binding():
+    from scope.config import VSConfig
+    from scope.partners.sources import Binding
+    from scope.types import SamplingParams
+
+    seen = []
+
+    class Recorder(Says):  # records the requests it is sent
+        def chat_generate(self, convs, sampling, response_format=None):
+            seen.extend(c[-1]["content"] for c in convs)
+            return super().chat_generate(convs, sampling, response_format)
+
+    for setting, want in (("auto", "under 30 words."), (None, None), (7, "under 7 words.")):
+        seen.clear()
+        b = Binding("vs", Recorder('{"responses": [{"text": "ok", "probability": 1}]}'), SamplingParams(max_new_tokens=40), vs=VSConfig(max_words=setting))
+        _one_vs_turn(b)
+        assert seen and all((want in s) if want else ("words" not in s) for s in seen), (setting, seen)
 
 
 def test_items_are_salvaged_from_a_cut_off_reply():

@@ -16,6 +16,12 @@ its ``generate``; everything else (adapters, versions, the learner's weights) is
   ``A@v<version>`` (``/v1/load_lora_adapter``); requests then name the new version, and older versions
   of ``A`` are unloaded once no batch in flight uses them. Adapters that left the local model (an
   evicted pool member) are unloaded too. A pool is thus a set of adapters on one engine.
+- **Full fine-tuning.** A fully fine-tuned model's weights are the engine's base: when the learner's
+  version of the whole model moved (and once at first use, since a running engine's weights are not
+  known), the weights are written as safetensors to ``<sync_dir>/full@v<version>/`` and the engine
+  reloads them in place (``/collective_rpc`` ``reload_weights``; a started engine runs with
+  ``VLLM_SERVER_DEV_MODE=1``, which opens that route, on 127.0.0.1 only), then its prefix cache is
+  reset. Batches already sampling on the old weights finish first; the reload waits for them.
 - **Stopping.** Stop strings go to the engine (kept in the output, as the local backend keeps them);
   ``stop_fn`` and ``restart_fn`` (Python callbacks) are applied to the returned tokens: a row is cut
   after the first token at which ``stop_fn`` holds (autoregressive sampling makes the prefix the same
@@ -25,7 +31,8 @@ its ``generate``; everything else (adapters, versions, the learner's weights) is
   each of its rows' slots, so the rollout engine records those episodes as failed and the step goes on.
 
 ``VLLMEngine`` starts ``python -m vllm.entrypoints.openai.api_server`` bound to 127.0.0.1 (or connects
-to ``base_url``) and stops it on close. Full fine-tuning is not synced to an engine (refused at start).
+to ``base_url``: a server of your own needs the flags above, and ``VLLM_SERVER_DEV_MODE=1`` for full
+fine-tuning) and stops it on close.
 """
 from __future__ import annotations
 
@@ -81,7 +88,7 @@ class VLLMEngine:
                "--enable-lora", "--max-loras", str(max_loras), "--max-lora-rank", str(max_lora_rank),
                "--disable-log-stats", *extra_args]
         penv = dict(os.environ, VLLM_ALLOW_RUNTIME_LORA_UPDATING="True", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
-                    VLLM_HOST_IP="127.0.0.1", **(env or {}))
+                    VLLM_HOST_IP="127.0.0.1", VLLM_SERVER_DEV_MODE="1", **(env or {}))
         penv.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
         self._log = open(log_path, "ab") if log_path else tempfile.TemporaryFile()
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=penv,
@@ -158,8 +165,12 @@ class VLLMEngine:
 class EngineBackend:
     """A local backend (weights, adapters, versions: the learner's) whose sampling runs on a vLLM engine."""
 
-    def __init__(self, local, engine: VLLMEngine, sync_dir: str | None = None, seed: int = 0):
+    def __init__(self, local, engine: VLLMEngine, sync_dir: str | None = None, seed: int = 0,
+                 full_weights: bool = False):
         self.local, self.engine = local, engine
+        self.full_weights = full_weights        # the base weights train (finetune: full): sync them too
+        self.synced_full: int | None = None     # the version of the whole model the engine serves
+        self.idle = threading.Condition()       # notified whenever a batch ends
         self.sync_dir = sync_dir or tempfile.mkdtemp(prefix="scope-adapters-")
         self._own_dir = sync_dir is None
         self.synced: dict[str, int] = {}        # adapter -> version the engine serves
@@ -181,6 +192,8 @@ class EngineBackend:
     # -- adapters --
     def served_name(self, adapter: str | None) -> str:
         if adapter is None:
+            if self.full_weights and self.synced_full != self.local.versions.get(None, 0):
+                self._sync_full()
             return BASE_NAME
         with self.lock:
             version = self.local.versions.get(adapter, 0)
@@ -203,6 +216,28 @@ class EngineBackend:
         self.loaded.setdefault(adapter, []).append(name)
         self.stats["syncs"] += 1
         self.stats["sync_seconds"] += time.perf_counter() - t0
+
+    def _sync_full(self) -> None:
+        with self.idle:  # no batch samples while the weights change under it
+            while any(self.in_flight.values()):
+                self.idle.wait()
+            with self.lock:
+                version = self.local.versions.get(None, 0)
+                if self.synced_full == version:
+                    return
+                t0 = time.perf_counter()
+                name = f"full@v{version}"
+                out = os.path.join(self.sync_dir, name)
+                shutil.rmtree(out, ignore_errors=True)
+                self.local.model.save_pretrained(out, safe_serialization=True)
+                self.engine.post("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": out}})
+                self.engine.post("/reset_prefix_cache", {})
+                old, self.synced_full = self.synced_full, version
+                if old is not None:
+                    shutil.rmtree(os.path.join(self.sync_dir, f"full@v{old}"), ignore_errors=True)
+                # the engine dropped its adapters with the old weights (they are loaded again on use)
+                self.stats["syncs"] += 1
+                self.stats["sync_seconds"] += time.perf_counter() - t0
 
     def _unload_stale(self) -> None:
         live = set(self.local.adapter_names())
@@ -257,8 +292,10 @@ class EngineBackend:
                 todo = again
             return outs  # type: ignore[return-value]
         finally:
-            with self.lock:
-                self.in_flight[name] -= 1
+            with self.idle:
+                with self.lock:
+                    self.in_flight[name] -= 1
+                self.idle.notify_all()
 
     def _request(self, name: str, prompts: list[list[int]], sp: SamplingParams) -> list[Completion | BaseException]:
         self.calls += 1
@@ -329,6 +366,6 @@ def attach_engine(local, mc, model_path: str | None, seed: int = 0) -> EngineBac
                         dtype=mc.dtype if local.device.type == "cuda" else "float32",
                         extra_args=o.extra_args, python=o.python, start_timeout=o.start_timeout,
                         env={"VLLM_CPU_KVCACHE_SPACE": f"{o.kv_cache_gib:g}"})
-    b = EngineBackend(local, engine, seed=seed)
+    b = EngineBackend(local, engine, seed=seed, full_weights=mc.finetune == "full")
     atexit.register(b.close)
     return b

@@ -19,7 +19,7 @@ JSON_PREFIX = '{"responses": [{"text": "'
 """The start of the reply a local VS partner is given (endpoints get a JSON-schema response format)."""
 
 
-def instruction(k: int, method: str) -> str:
+def instruction(k: int, method: str, max_words: int | None = None) -> str:
     if method == "prob":
         item = '{"text": "<reply>", "probability": <number between 0 and 1>}'
         tail = (f"Give {k} different replies you might write next, each with the probability that you would "
@@ -27,8 +27,17 @@ def instruction(k: int, method: str) -> str:
     else:
         item = '{"text": "<reply>"}'
         tail = f"Give {k} different replies you might write next."
+    length = f" Keep each reply under {max_words} words." if max_words else ""
     return (f"[{tail} Answer only with a JSON object of the form "
-            f'{{"responses": [{item}, ...]}} and nothing else.]')
+            f'{{"responses": [{item}, ...]}} and nothing else.{length}]')
+
+
+def max_words(setting: int | str | None, max_new_tokens: int) -> int | None:
+    """The length guide a VS request gives: ``setting`` as configured ("auto": 3/4 of the plain reply's
+    token budget, at least 5 words)."""
+    if setting == "auto":
+        return max(5, (3 * max_new_tokens) // 4)
+    return setting  # type: ignore[return-value]
 
 
 _OPEN_TEXT = re.compile(r'"text"\s*:\s*"')
