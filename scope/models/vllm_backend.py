@@ -22,6 +22,11 @@ its ``generate``; everything else (adapters, versions, the learner's weights) is
   reloads them in place (``/collective_rpc`` ``reload_weights``; a started engine runs with
   ``VLLM_SERVER_DEV_MODE=1``, which opens that route, on 127.0.0.1 only), then its prefix cache is
   reset. Batches already sampling on the old weights finish first; the reload waits for them.
+  vLLM's in-place reload does not refresh an output layer tied to the input embeddings (it keeps
+  the old one), so for a model with tied embeddings scope starts the engine from an untied copy
+  (``tie_word_embeddings: false`` and an explicit ``lm_head.weight``) and syncs untied copies; the
+  engine then holds the embedding matrix twice. A server of your own (``base_url``) is refused for
+  full fine-tuning of a tied model, since scope cannot tell how it was started.
 - **Stopping.** Stop strings go to the engine (kept in the output, as the local backend keeps them);
   ``stop_fn`` and ``restart_fn`` (Python callbacks) are applied to the returned tokens: a row is cut
   after the first token at which ``stop_fn`` holds (autoregressive sampling makes the prefix the same
@@ -169,6 +174,7 @@ class EngineBackend:
                  full_weights: bool = False):
         self.local, self.engine = local, engine
         self.full_weights = full_weights        # the base weights train (finetune: full): sync them too
+        self.untied = full_weights and tied_embeddings(local.model)  # see the module docstring
         self.synced_full: int | None = None     # the version of the whole model the engine serves
         self.idle = threading.Condition()       # notified whenever a batch ends
         self.sync_dir = sync_dir or tempfile.mkdtemp(prefix="scope-adapters-")
@@ -229,12 +235,13 @@ class EngineBackend:
                 name = f"full@v{version}"
                 out = os.path.join(self.sync_dir, name)
                 shutil.rmtree(out, ignore_errors=True)
-                self.local.model.save_pretrained(out, safe_serialization=True)
+                self._write_full(out)
                 self.engine.post("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": out}})
                 self.engine.post("/reset_prefix_cache", {})
-                old, self.synced_full = self.synced_full, version
-                if old is not None:
-                    shutil.rmtree(os.path.join(self.sync_dir, f"full@v{old}"), ignore_errors=True)
+                self.synced_full = version
+                for d in os.listdir(self.sync_dir):  # older versions, and the copy the engine started from
+                    if d != name and (d.startswith("full@v") or d == "start"):
+                        shutil.rmtree(os.path.join(self.sync_dir, d), ignore_errors=True)
                 # the engine dropped its adapters with the old weights (they are loaded again on use)
                 self.stats["syncs"] += 1
                 self.stats["sync_seconds"] += time.perf_counter() - t0
@@ -256,6 +263,9 @@ class EngineBackend:
             if not names:
                 del self.loaded[adapter]
                 self.synced.pop(adapter, None)
+
+    def _write_full(self, out: str) -> None:
+        write_weights(self.local.model, out, untied=self.untied)
 
     # -- sampling --
     def generate(self, prompts: list[list[int]], sampling: SamplingParams, adapter: str | None = None,
@@ -352,6 +362,32 @@ class EngineBackend:
             shutil.rmtree(self.sync_dir, ignore_errors=True)
 
 
+def tied_embeddings(model) -> bool:
+    out = model.get_output_embeddings()
+    return out is not None and out.weight is model.get_input_embeddings().weight
+
+
+def write_weights(model, out: str, untied: bool = False) -> None:
+    """Write ``model`` as a transformers checkpoint (config, generation config, safetensors); ``untied``:
+    with its own ``lm_head.weight`` and ``tie_word_embeddings: false``."""
+    if not untied:
+        model.save_pretrained(out, safe_serialization=True)
+        return
+    import copy
+
+    from safetensors.torch import save_file
+
+    os.makedirs(out, exist_ok=True)
+    cfg = copy.deepcopy(model.config)
+    cfg.tie_word_embeddings = False
+    cfg.save_pretrained(out)
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.save_pretrained(out)
+    sd = {k: v.detach().contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    sd["lm_head.weight"] = model.get_output_embeddings().weight.detach().clone()
+    save_file({k: v.cpu() for k, v in sd.items()}, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+
+
 def attach_engine(local, mc, model_path: str | None, seed: int = 0) -> EngineBackend:
     """Start (or connect to) the engine of a ``backend: vllm`` model entry and wrap ``local`` with it."""
     import atexit
@@ -360,12 +396,30 @@ def attach_engine(local, mc, model_path: str | None, seed: int = 0) -> EngineBac
     if o.base_url is None and model_path is None:
         raise ValueError(f"model {local.name!r}: backend vllm needs a checkpoint directory or the embedded "
                          f"model to serve, not {mc.path!r}")
+    sync_dir = tempfile.mkdtemp(prefix="scope-sync-")
+    extra = list(o.extra_args)
+    if mc.finetune == "full" and tied_embeddings(local.model):
+        if o.base_url is not None:
+            shutil.rmtree(sync_dir, ignore_errors=True)
+            raise ValueError(f"model {local.name!r}: full fine-tuning of a model with tied embeddings cannot be "
+                             f"synced to a server of your own (vllm.base_url): vLLM's in-place reload keeps a tied "
+                             f"output layer's old weights; let scope start the engine (it serves an untied copy)")
+        untied = os.path.join(sync_dir, "start")  # the engine starts from an untied copy (module docstring)
+        write_weights(local.model, untied, untied=True)
+        if "--tokenizer" not in extra:
+            extra += ["--tokenizer", model_path]
+        model_path = untied
     lora_rank = mc.lora.r if mc.finetune == "lora" else 16
-    engine = VLLMEngine(model_path, o.base_url, max_loras=o.max_loras, max_lora_rank=max(lora_rank, 8),
-                        max_model_len=o.max_model_len,
-                        dtype=mc.dtype if local.device.type == "cuda" else "float32",
-                        extra_args=o.extra_args, python=o.python, start_timeout=o.start_timeout,
-                        env={"VLLM_CPU_KVCACHE_SPACE": f"{o.kv_cache_gib:g}"})
-    b = EngineBackend(local, engine, seed=seed, full_weights=mc.finetune == "full")
+    try:
+        engine = VLLMEngine(model_path, o.base_url, max_loras=o.max_loras, max_lora_rank=max(lora_rank, 8),
+                            max_model_len=o.max_model_len,
+                            dtype=mc.dtype if local.device.type == "cuda" else "float32",
+                            extra_args=extra, python=o.python, start_timeout=o.start_timeout,
+                            env={"VLLM_CPU_KVCACHE_SPACE": f"{o.kv_cache_gib:g}"})
+    except BaseException:
+        shutil.rmtree(sync_dir, ignore_errors=True)
+        raise
+    b = EngineBackend(local, engine, sync_dir=sync_dir, seed=seed, full_weights=mc.finetune == "full")
+    b._own_dir = True
     atexit.register(b.close)
     return b

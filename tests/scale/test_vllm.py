@@ -152,12 +152,21 @@ def test_engine_killed_mid_step_fails_episodes_not_the_step(tmp_path):
 
 def test_full_finetuning_is_synced_to_the_engine(tmp_path):
     """A fully fine-tuned model: its moved weights are reloaded in place on the engine, so the engine's
-    greedy tokens follow the local weights and its sampling log-probs are the new model's; then a
-    2-step full fine-tuning run through the same engine."""
-    e = VLLMEngine(resolve_model_path("smollm2-135m"), max_loras=1, max_model_len=1024, extra_args=["--block-size", "32"],
-                   log_path=str(tmp_path / "server.log"))
+    greedy tokens follow the local weights and its sampling log-probs are the new model's (the embedded
+    model ties its output layer to the embeddings: the engine serves an untied copy); then a 2-step full
+    fine-tuning run, which starts an engine of its own."""
+    from scope.models.vllm_backend import attach_engine
+
+    def model_cfg(**vllm):
+        return parse_config({"models": {"policy": {"backend": "vllm", "finetune": "full", "vllm": {
+            "max_loras": 1, "max_model_len": 1024, "extra_args": ["--block-size", "32"], **vllm}}, "user": {}},
+            "partner": {"model": "user"}}).models["policy"]
+
+    b = attach_engine(load_backend("smollm2-135m"), model_cfg(), resolve_model_path("smollm2-135m"))
     try:
-        b = EngineBackend(load_backend("smollm2-135m"), e, sync_dir=str(tmp_path / "sync"), full_weights=True)
+        assert b.untied
+        with pytest.raises(ValueError, match="tied embeddings"):  # a server of one's own cannot be trusted to
+            attach_engine(load_backend("smollm2-135m"), model_cfg(base_url=b.engine.base_url), None)  # be untied
         prompts = [prompt(b, "Name three colours."), prompt(b, "Write a haiku about rain."),
                    prompt(b, "What is the capital of France?")]
         g = SamplingParams(temperature=0.0, max_new_tokens=16)
@@ -165,7 +174,7 @@ def test_full_finetuning_is_synced_to_the_engine(tmp_path):
         assert before == [c.token_ids for c in b.local.generate(prompts, g)]
         assert b.stats["syncs"] == 1 and b.synced_full == 0  # once at first use
         gen = torch.Generator().manual_seed(0)
-        with torch.no_grad():  # an "update" of the whole model
+        with torch.no_grad():  # an "update" of the whole model, the (tied) embeddings included
             for n, w in b.local.model.named_parameters():
                 if "mlp" in n or "embed" in n:
                     w.add_(torch.randn(w.shape, generator=gen) * 0.1 * w.std())
@@ -174,23 +183,24 @@ def test_full_finetuning_is_synced_to_the_engine(tmp_path):
         assert b.stats["syncs"] == 2 and b.synced_full == 1
         assert after == [c.token_ids for c in b.local.generate(prompts, g)]
         assert after != before  # the engine samples from the new weights, not the ones it started with
-        assert sorted(os.listdir(tmp_path / "sync")) == ["full@v1"]  # the older version's files are gone
-        c = b.generate(prompts[:1], SamplingParams(temperature=0.7, max_new_tokens=16))[0]
-        lp = teacher_forced(b, prompts[0], c.token_ids, None, 0.7)
-        assert float((lp - torch.tensor(c.logprobs)).abs().max()) < TOL
-
-        cfg = parse_config({
-            "run": {"dir": str(tmp_path / "run"), "save_every": 1000, "progress": False},
-            "models": {"policy": {"backend": "vllm", "finetune": "full", "vllm": {"base_url": e.base_url}},
-                       "user": {"path": "smollm2-135m"}},
-            "agent": {"model": "policy", "trainable": True, "max_new_tokens": 12},
-            "partner": {"model": "user", "max_new_tokens": 12},
-            "env": {"name": "p4g", "options": {"max_turns": 2, "force_decision": True}},
-            "rollout": {"n_tasks": 2, "group_size": 2, "end_on_truncation": False},
-            "train": {"steps": 2, "lr": 1e-5}})
-        train(cfg, log=lambda s: None)
-        ms = read_metrics(str(tmp_path / "run"))
-        assert [m["step"] for m in ms] == [1, 2] and all(m["failed_episodes"] == 0 for m in ms)
-        assert ms[-1]["engine/policy/syncs"] >= 2  # v0 at step 1 (first use), v1 at step 2
+        assert sorted(os.listdir(b.sync_dir)) == ["full@v1"]  # older copies are gone
+        for p, c in zip(prompts, b.generate(prompts, SamplingParams(temperature=0.7, max_new_tokens=16))):
+            lp = teacher_forced(b, p, c.token_ids, None, 0.7)
+            assert float((lp - torch.tensor(c.logprobs)).abs().max()) < TOL
     finally:
-        e.close()
+        b.close()
+    assert not os.path.exists(b.sync_dir)
+
+    cfg = parse_config({
+        "run": {"dir": str(tmp_path / "run"), "save_every": 1000, "progress": False},
+        "models": {"policy": {"backend": "vllm", "finetune": "full",
+                              "vllm": {"max_model_len": 1024, "extra_args": ["--block-size", "32"]}}},
+        "agent": {"model": "policy", "trainable": True, "max_new_tokens": 12},
+        "partner": {"model": "policy", "max_new_tokens": 12},  # frozen: a second engine, the original weights
+        "env": {"name": "p4g", "options": {"max_turns": 2, "force_decision": True}},
+        "rollout": {"n_tasks": 2, "group_size": 2, "end_on_truncation": False},
+        "train": {"steps": 2, "lr": 1e-5}})
+    train(cfg, log=lambda s: None)
+    ms = read_metrics(str(tmp_path / "run"))
+    assert [m["step"] for m in ms] == [1, 2] and all(m["failed_episodes"] == 0 for m in ms)
+    assert ms[-1]["engine/policy/syncs"] >= 2  # v0 at step 1 (first use), v1 at step 2
