@@ -40,6 +40,9 @@ class VLLMOptions(Strict):
     start_timeout: float = Field(600.0, gt=0)
     kv_cache_gib: float = Field(2.0, gt=0)
     """CPU builds: the engine's KV cache (``VLLM_CPU_KVCACHE_SPACE``)."""
+    env: dict[str, str] = {}
+    """More environment for the engine's process, e.g. ``CUDA_VISIBLE_DEVICES: "1,2,3"`` to keep it off
+    the learner's GPU."""
 
 
 class ModelConfig(Strict):

@@ -93,8 +93,9 @@ class VLLMEngine:
                "--enable-lora", "--max-loras", str(max_loras), "--max-lora-rank", str(max_lora_rank),
                "--disable-log-stats", *extra_args]
         penv = dict(os.environ, VLLM_ALLOW_RUNTIME_LORA_UPDATING="True", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
-                    VLLM_HOST_IP="127.0.0.1", VLLM_SERVER_DEV_MODE="1", **(env or {}))
+                    VLLM_HOST_IP="127.0.0.1", VLLM_SERVER_DEV_MODE="1")
         penv.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+        penv.update(env or {})
         self._log = open(log_path, "ab") if log_path else tempfile.TemporaryFile()
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=penv,
                                      start_new_session=True)
@@ -415,7 +416,7 @@ def attach_engine(local, mc, model_path: str | None, seed: int = 0) -> EngineBac
                             max_model_len=o.max_model_len,
                             dtype=mc.dtype if local.device.type == "cuda" else "float32",
                             extra_args=extra, python=o.python, start_timeout=o.start_timeout,
-                            env={"VLLM_CPU_KVCACHE_SPACE": f"{o.kv_cache_gib:g}"})
+                            env={"VLLM_CPU_KVCACHE_SPACE": f"{o.kv_cache_gib:g}", **o.env})
     except BaseException:
         shutil.rmtree(sync_dir, ignore_errors=True)
         raise
