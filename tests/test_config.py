@@ -85,6 +85,10 @@ def test_shipped_configs_validate():
     assert files
     for f in files:
         load_config(f)
+    recipe = load_config(os.path.join(root, "configs", "scale", "qwen3_4b_8gpu.yaml"))  # the 8-GPU recipe
+    m = recipe.models["policy"]
+    assert (m.backend, m.device, recipe.rollout.n_tasks, recipe.rollout.group_size) == ("vllm", "cuda:0", 16, 8)
+    assert "0" not in m.vllm.env["CUDA_VISIBLE_DEVICES"].split(",")  # the engine stays off the learner's GPU
     from scope.eval import load_panel
 
     panels = glob.glob(os.path.join(root, "configs", "panels", "*.yaml"))
