@@ -104,3 +104,47 @@ def test_a_dead_worker_fails_its_episodes_and_the_step_goes_on(tmp_path):
     eps, _ = rr(jobs, max_context=4096, end_on_truncation=False)  # the restarted worker serves again
     assert all(e.status != "failed" for e in eps)
     rr.close()
+
+
+TOL = 1e-4  # nats: a worker's sampling log-probs vs the driver's teacher-forced ones (fp32, same CPU kernels)
+
+
+def test_sampled_logprobs_from_workers_match_the_learners(tmp_path):
+    """Sampling at temperature 0.7 through 2 Ray workers, on an agent adapter the driver moved (so the
+    workers sample with weights they were sent): every log-prob a worker recorded for its sampled tokens
+    equals the learner's teacher-forced one on the driver within TOL, for both roles' traces."""
+    import random
+
+    import torch
+
+    from scope.distributed import make_rollout
+    from scope.envs import get_env
+    from scope.learner import Learner, LearnerConfig
+    from scope.setup import build_models
+    from scope.train import make_jobs
+
+    c = cfg(tmp_path / "run", 2, temperature=0.7)
+    backends, sources, trainable = build_models(c)
+    agent = trainable["agent"]
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # an "update": the adapter now differs from the base
+        for n, p in agent.backend.model.named_parameters():
+            if ".agent." in n and "lora_B" in n:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.05)
+    agent.backend.versions["agent"] += 1
+    rollout = make_rollout(c, backends)
+    jobs = make_jobs(c, get_env("p4g").load_tasks("train")[:2], sources, 1, random.Random(0))
+    episodes, _ = rollout(jobs, max_context=c.rollout.max_context, end_on_truncation=False)
+    assert rollout.stats["weight_syncs"] == 2 and all(e.status != "failed" for e in episodes)
+    learner = Learner(agent.backend, "agent", LearnerConfig(temperature=0.7))
+    checked = 0
+    for role, adapter in (("agent", "agent"), ("partner", None)):
+        for e in episodes:
+            ids, att, sel, old = learner._batch([e.traces[role]])
+            with torch.no_grad(), agent.backend.using(adapter):
+                lp = torch.log_softmax(learner._token_logits(agent.backend.model, ids, att, sel), -1)
+            new = lp.gather(-1, ids[sel][:, None])[:, 0]
+            assert len(new) == len(old) > 0
+            assert float((new - old).abs().max()) < TOL, (role, e.group_id, e.copy)
+            checked += len(old)
+    assert checked > 20
