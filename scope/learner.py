@@ -147,6 +147,8 @@ class Learner:
         agg: dict[str, float] = {}
         tot_tokens = 0
         self.backend.model.train()
+        for p in self.params:  # adding an adapter (PEFT) turns the others' requires_grad off
+            p.requires_grad_(True)
         try:
             for mb in minibatches:
                 n_tok = sum(t.n_generated - t.mask[0] for t, _ in mb)
