@@ -1,0 +1,254 @@
+"""Grading a pair of patches the way CooperBench does: filter, branch, merge, run each feature's hidden tests.
+
+1. **Filter.** File diffs that touch tests are dropped from an agent's patch (a path containing
+   ``/test_``, ``/tests/``, ``_test.py``, ``/test/`` or ``tests.py``, as CooperBench's evaluator
+   drops them), and so are diffs of test configuration (``conftest.py``, ``pytest.ini``, ``tox.ini``,
+   and ``setup.cfg`` / ``pyproject.toml`` diffs whose changed lines mention pytest or tox): an agent
+   cannot turn the hidden tests off. New files are kept.
+2. **Branch.** Each filtered patch is applied (``git apply``, then ``git apply --3way``) on a branch of
+   its own from the base commit and committed there.
+3. **Merge.** ``git merge`` of the first agent's branch into the second's (``--no-ff``); on a conflict
+   the merge is redone with ``* merge=union`` in ``.gitattributes`` (both sides' lines kept), and the
+   merge status says which (``clean``, ``union``, or ``failed`` when even that does not apply).
+4. **Test.** For each feature: a copy of the merged tree, its ``tests.patch`` applied, and pytest run in
+   the sandbox on the test files that patch touches, with a JUnit XML report. A feature passes iff
+   pytest exits 0 and the report counts at least one passed test (read from pytest's own report, not
+   from printed text). The pair succeeds iff both features pass.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+
+from .sandbox import Sandbox
+
+_TEST_PATH = ("/test_", "/tests/", "_test.py", "/test/", "tests.py")
+_TEST_CONFIG = ("conftest.py", "pytest.ini", "tox.ini")
+_CONFIG_MAYBE = ("setup.cfg", "pyproject.toml")
+_CONFIG_WORDS = re.compile(r"pytest|tox|addopts|testpaths|python_files|norecursedirs")
+
+
+@dataclass
+class FileDiff:
+    path: str
+    text: str
+
+
+def split_patch(patch: str) -> list[FileDiff]:
+    """A unified git diff as one chunk per file (``diff --git a/X b/Y`` ... up to the next)."""
+    out: list[FileDiff] = []
+    cur: list[str] = []
+    path = None
+    for line in patch.splitlines(keepends=True):
+        if line.startswith("diff --git "):
+            if cur:
+                out.append(FileDiff(path or "", "".join(cur)))
+            cur, path = [line], _path_of(line)
+        elif cur:
+            cur.append(line)
+    if cur:
+        out.append(FileDiff(path or "", "".join(cur)))
+    return out
+
+
+def _path_of(header: str) -> str:
+    m = re.match(r"diff --git a/(.*?) b/(.*)$", header.rstrip("\n"))
+    return m.group(2) if m else header.split()[-1]
+
+
+def is_test_path(path: str) -> bool:
+    p = "/" + path
+    return any(s in p for s in _TEST_PATH)
+
+
+def touches_test_config(d: FileDiff) -> bool:
+    name = os.path.basename(d.path)
+    if name in _TEST_CONFIG:
+        return True
+    if name in _CONFIG_MAYBE:
+        changed = [ln[1:] for ln in d.text.splitlines() if ln[:1] in "+-" and not ln.startswith(("+++", "---"))]
+        return any(_CONFIG_WORDS.search(ln) for ln in changed)
+    return False
+
+
+@dataclass
+class Filtered:
+    patch: str
+    dropped: list[str] = field(default_factory=list)
+
+
+def filter_patch(patch: str) -> Filtered:
+    """The agent's patch without test files and test configuration (see the module docstring)."""
+    kept, dropped = [], []
+    for d in split_patch(patch):
+        if is_test_path(d.path) or touches_test_config(d):
+            dropped.append(d.path)
+        else:
+            kept.append(d.text)
+    text = "".join(kept)
+    if text and not text.endswith("\n"):
+        text += "\n"
+    return Filtered(text, dropped)
+
+
+def git(cwd: str, *args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, GIT_AUTHOR_NAME="scope", GIT_AUTHOR_EMAIL="scope@localhost", GIT_COMMITTER_NAME="scope",
+               GIT_COMMITTER_EMAIL="scope@localhost", GIT_CONFIG_NOSYSTEM="1", HOME=cwd, LC_ALL="C")
+    r = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, env=env, input=input)
+    if check and r.returncode:
+        raise RuntimeError(f"git {' '.join(args)}: {r.stderr.strip() or r.stdout.strip()}")
+    return r
+
+
+def init_repo(base_dir: str, dest: str) -> None:
+    """``dest``: a git repository whose one commit is the files of ``base_dir`` (its own .git ignored)."""
+    shutil.copytree(base_dir, dest, ignore=shutil.ignore_patterns(".git"), symlinks=True)
+    git(dest, "init", "-q", "-b", "base")
+    git(dest, "add", "-A")
+    git(dest, "commit", "-q", "--allow-empty", "-m", "base")
+
+
+def apply_patch(repo: str, patch: str) -> str | None:
+    """Apply ``patch`` to the work tree and index; None on success, else why it did not apply."""
+    if not patch.strip():
+        return None
+    r = git(repo, "apply", "--index", "--whitespace=nowarn", "-", check=False, input=patch)
+    if r.returncode == 0:
+        return None
+    r2 = git(repo, "apply", "--index", "--3way", "--whitespace=nowarn", "-", check=False, input=patch)
+    if r2.returncode == 0:
+        return None
+    git(repo, "reset", "-q", "--hard", check=False)
+    return (r.stderr.strip() or r2.stderr.strip() or "does not apply").splitlines()[0]
+
+
+@dataclass
+class MergeResult:
+    status: str                       # clean | union | failed
+    tree: str | None                  # the merged work tree (a git repository), None if failed
+    apply_errors: dict[str, str] = field(default_factory=dict)   # branch -> why its patch did not apply
+    dropped: dict[str, list[str]] = field(default_factory=dict)  # branch -> files filtered out
+    conflicts: list[str] = field(default_factory=list)           # files a plain merge conflicted on
+
+
+def merge_patches(base_dir: str, patches: dict[str, str], work: str) -> MergeResult:
+    """Filter each agent's patch, apply it on its own branch of the base, merge the branches (2 agents)."""
+    repo = os.path.join(work, "repo")
+    init_repo(base_dir, repo)
+    names = list(patches)
+    res = MergeResult("clean", repo)
+    for name in names:
+        f = filter_patch(patches[name])
+        res.dropped[name] = f.dropped
+        git(repo, "checkout", "-q", "-b", name, "base")
+        err = apply_patch(repo, f.patch)
+        if err is not None:
+            res.apply_errors[name] = err
+        git(repo, "commit", "-q", "--allow-empty", "-m", name)
+    if len(names) == 1:
+        return res
+    first, second = names[0], names[1]
+    git(repo, "checkout", "-q", second)
+    r = git(repo, "merge", "-q", "--no-ff", "--no-edit", first, check=False)
+    if r.returncode == 0:
+        return res
+    res.conflicts = git(repo, "diff", "--name-only", "--diff-filter=U", check=False).stdout.split()
+    git(repo, "merge", "--abort", check=False)
+    with open(os.path.join(repo, ".git", "info", "attributes"), "a") as f:  # union merge, not a tracked file
+        f.write("* merge=union\n")
+    r = git(repo, "merge", "-q", "--no-ff", "--no-edit", first, check=False)
+    if r.returncode == 0:
+        res.status = "union"
+        return res
+    git(repo, "merge", "--abort", check=False)
+    res.status, res.tree = "failed", None
+    return res
+
+
+@dataclass
+class TestOutcome:
+    passed: int = 0
+    failed: int = 0
+    errors: int = 0
+    skipped: int = 0
+    exit_code: int = -1
+    ok: bool = False
+    note: str = ""
+    output: str = ""
+
+    @property
+    def fraction(self) -> float:
+        n = self.passed + self.failed + self.errors
+        return self.passed / n if n else 0.0
+
+
+def junit_counts(path: str) -> tuple[int, int, int, int]:
+    """(passed, failed, errors, skipped) from pytest's JUnit XML report."""
+    root = ET.parse(path).getroot()
+    suites = [root] if root.tag == "testsuite" else root.findall("testsuite")
+    tests = failures = errors = skipped = 0
+    for s in suites:
+        tests += int(s.get("tests", 0))
+        failures += int(s.get("failures", 0))
+        errors += int(s.get("errors", 0))
+        skipped += int(s.get("skipped", 0))
+    return tests - failures - errors - skipped, failures, errors, skipped
+
+
+def run_feature_tests(tree: str, tests_patch: str, sandbox_for, wall_seconds: float | None = None) -> TestOutcome:
+    """Copy ``tree``, apply ``tests_patch``, run pytest on its test files in a sandbox; see the docstring."""
+    with tempfile.TemporaryDirectory(prefix="scope-coop-test-") as d:
+        ws = os.path.join(d, "ws")
+        shutil.copytree(tree, ws, symlinks=True)
+        err = apply_patch(ws, tests_patch)
+        if err is not None:
+            return TestOutcome(note=f"the hidden tests do not apply: {err}")
+        files = sorted({x.path for x in split_patch(tests_patch) if x.path.endswith(".py")
+                        and os.path.exists(os.path.join(ws, x.path))})
+        if not files:
+            return TestOutcome(note="the hidden tests patch names no test file")
+        report = ".scope-junit.xml"
+        cmd = ("python -m pytest -q -p no:cacheprovider -o addopts= --rootdir=. "
+               f"--junitxml={report} " + " ".join(files))
+        r = sandbox_for(ws).run(cmd, wall_seconds=wall_seconds)
+        out = TestOutcome(exit_code=r.exit_code, output=r.output[-4000:])
+        path = os.path.join(ws, report)
+        if not os.path.exists(path):
+            out.note = "pytest wrote no report" + (" (timed out)" if r.timed_out else "")
+            return out
+        try:
+            out.passed, out.failed, out.errors, out.skipped = junit_counts(path)
+        except (ET.ParseError, ValueError) as e:
+            out.note = f"unreadable pytest report: {e}"
+            return out
+        out.ok = r.exit_code == 0 and out.passed >= 1 and not r.timed_out
+        return out
+
+
+@dataclass
+class PairResult:
+    merge: MergeResult
+    features: dict[str, TestOutcome]
+
+    @property
+    def success(self) -> bool:
+        return self.merge.tree is not None and bool(self.features) and all(f.ok for f in self.features.values())
+
+
+def evaluate_pair(base_dir: str, patches: dict[str, str], tests: dict[str, str], sandbox_for,
+                  wall_seconds: float | None = None) -> PairResult:
+    """Merge ``patches`` (agent -> diff) and run every feature's hidden ``tests`` (feature -> diff) on the
+    merged tree. ``sandbox_for(workspace)`` returns the Sandbox a test run uses."""
+    with tempfile.TemporaryDirectory(prefix="scope-coop-merge-") as work:
+        m = merge_patches(base_dir, patches, work)
+        feats: dict[str, TestOutcome] = {}
+        for name, tp in tests.items():
+            feats[name] = (run_feature_tests(m.tree, tp, sandbox_for, wall_seconds) if m.tree is not None
+                           else TestOutcome(note="the patches could not be merged"))
+        m.tree = m.tree and "merged"  # the directory is gone with ``work``
+        return PairResult(m, feats)
