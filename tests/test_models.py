@@ -93,6 +93,49 @@ def test_adapters_share_one_base(b):
         b.generate([p], sp, adapter="missing")
 
 
+def test_adapter_switch_gives_peft_s_weights_and_leaves_requires_grad_alone(b):
+    """``using`` switches adapters by setting each LoRA layer's active adapter (not PEFT's set_adapter):
+    the forward pass equals PEFT's for every adapter and for the base, the previous adapter comes back,
+    and no adapter's requires_grad changes (learners set their own); a learner still trains after PEFT's
+    set_adapter turned its adapter's requires_grad off."""
+    from scope.learner import Learner, LearnerConfig
+    from scope.types import Trace
+
+    for name in ("one", "two", "three"):
+        b.add_lora(name, r=4, alpha=8)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for n, prm in b.model.named_parameters():
+            if "lora_B" in n:
+                prm.copy_(torch.randn(prm.shape, generator=g) * 0.1)
+    x = torch.tensor([[1, 5, 9, 3, 7]])
+    grads = {n: prm.requires_grad for n, prm in b.model.named_parameters()}
+    ours = {}
+    with torch.no_grad():
+        for ad in ("one", "two", "three", None):
+            with b.using(ad):
+                ours[ad] = b.model(x).logits
+        assert b.model.active_adapter == "one"  # the adapter active before is active again
+        assert {n: prm.requires_grad for n, prm in b.model.named_parameters()} == grads
+        for ad in ("two", "three", "one"):
+            b.model.set_adapter(ad)  # PEFT's own switch
+            assert torch.equal(b.model(x).logits, ours[ad]), ad
+        with b.model.disable_adapter():
+            assert torch.equal(b.model(x).logits, ours[None])
+    assert not torch.equal(ours["one"], ours["two"])
+    learner = Learner(b, "two", LearnerConfig(lr=1e-2, kl_coef=0.0))
+    b.add_lora("four", r=4, alpha=8)
+    b.model.set_adapter("four")  # PEFT's own switch turns every other adapter's requires_grad off ...
+    with b.using("one"):
+        pass
+    before = {n: prm.detach().clone() for n, prm in b.model.named_parameters() if ".two." in n and "lora_" in n}
+    ids = list(range(3, 15))
+    t = Trace(role="agent", token_ids=ids, logprobs=[-2.0] * len(ids), mask=[0] * 6 + [1] * 6)
+    learner.update([t, t], [1.0, -0.5])
+    moved = [n for n, prm in b.model.named_parameters() if n in before and not torch.equal(prm, before[n])]
+    assert moved  # ... and the learner's adapter trains all the same
+
+
 @pytest.mark.slow
 def test_embedded_smollm2_loads_from_its_dequantized_cache():
     from scope.models.local import cache_root
