@@ -141,25 +141,31 @@ def run_rollouts(jobs: list[Job], sampling: dict[str, SamplingParams] | None = N
         stats.rounds += 1
         pending: dict[tuple, list[_Req]] = {}
         for j in live:
-            role = j.env.next_role()
-            if role is None:
+            roles = j.env.next_roles()  # usually one; roles that act at once (coop_coding) reply in one round
+            if not roles:
                 j.env.finish(j.env.end_reason or "done")
                 continue
-            b = j.refs[role]
-            mode = "vs" if b.vs is not None else ("chat" if getattr(b.ref, "chat", False) else "tokens")
-            req = _Req(j, role, b, mode)
-            if mode == "tokens":
-                try:
-                    req.prefix = j.env.reply_prefix(role)
-                    req.prompt = prepare_turn(j.episode.traces[role], b.ref.tokenizer, j.env.views[role],
-                                              req.prefix, limit=max_context - b.sampling.max_new_tokens)
-                except Exception as e:  # a broken template or env: this episode fails, the others go on
-                    _fail(j, e)
-                    continue
-                if req.prompt is None:
-                    j.env.finish("context_limit")
-                    continue
-            pending.setdefault((id(b.ref), _sp_key(b.sampling), mode), []).append(req)
+            reqs = []
+            for role in roles:
+                b = j.refs[role]
+                mode = "vs" if b.vs is not None else ("chat" if getattr(b.ref, "chat", False) else "tokens")
+                req = _Req(j, role, b, mode)
+                if mode == "tokens":
+                    try:
+                        req.prefix = j.env.reply_prefix(role)
+                        req.prompt = prepare_turn(j.episode.traces[role], b.ref.tokenizer, j.env.views[role],
+                                                  req.prefix, limit=max_context - b.sampling.max_new_tokens)
+                    except Exception as e:  # a broken template or env: this episode fails, the others go on
+                        _fail(j, e)
+                        break
+                    if req.prompt is None:
+                        j.env.finish("context_limit")
+                        break
+                reqs.append(req)
+            else:
+                for req in reqs:
+                    b = req.binding
+                    pending.setdefault((id(b.ref), _sp_key(b.sampling), req.mode), []).append(req)
         for (_, _, mode), items in pending.items():
             if mode == "tokens":
                 _run_token_requests(items, stats)
@@ -167,6 +173,8 @@ def run_rollouts(jobs: list[Job], sampling: dict[str, SamplingParams] | None = N
                 _run_text_requests(items, stats, vs=(mode == "vs"))
             for req in items:
                 j = req.job
+                if j.episode.status == "failed":  # another role's reply of this round failed it
+                    continue
                 if req.error is not None:
                     _fail(j, req.error)
                     continue

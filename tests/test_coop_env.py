@@ -80,10 +80,11 @@ def play(env, scripts: dict[str, list[str]]):
     """Drive ``env`` with scripted replies per role until it ends; return the rewards."""
     it = {r: iter(s) for r, s in scripts.items()}
     while True:
-        role = env.next_role()
-        if role is None:
+        roles = env.next_roles()  # both coders act in a round, as the rollout engine runs them
+        if not roles:
             break
-        env.on_reply(role, next(it[role], "```bash\nsubmit\n```"))
+        for role in roles:
+            env.on_reply(role, next(it[role], "```bash\nsubmit\n```"))
     return env.rewards()
 
 
@@ -159,7 +160,8 @@ def test_the_tiny_model_through_the_rollout_engine():
     tasks = cls.load_tasks("test")[:2]
     jobs = [Job(env=cls(t, random.Random(i), max_turns=2), episode=Episode(t.id, str(i), 0), refs=dict(refs), uid=i)
             for i, t in enumerate(tasks)]
-    eps, _ = run_rollouts(jobs, sp, max_context=4096, end_on_truncation=False)
+    eps, st = run_rollouts(jobs, sp, max_context=4096, end_on_truncation=False)
+    assert st.rounds == 2  # both coders reply in each round: 2 turns each in 2 rounds (taking turns: 4)
     for e in eps:
         assert e.status != "failed", e.error
         assert set(e.rewards) == {"agent", "partner"}

@@ -86,6 +86,13 @@ class Env:
     def next_role(self) -> str | None:
         raise NotImplementedError
 
+    def next_roles(self) -> list[str]:
+        """The roles that reply in this round: by default the one ``next_role`` names. An environment
+        whose roles act at the same time returns several; the rollout engine samples them in the same
+        round and applies their replies in this order, so a reply reaches the others at their next turn."""
+        role = self.next_role()
+        return [] if role is None else [role]
+
     def reply_prefix(self, role: str) -> str:
         """Text the env puts at the start of ``role``'s next reply (the model continues it); default none."""
         return ""

@@ -13,8 +13,9 @@ scope's own:
   the start of its next observation as ``[Message from <agent>]: <text>``;
 - ``submit``: the agent is done; its patch is ``git diff`` of its workspace against the base.
 
-The agents take turns (agent, partner, agent, ...; an agent that submitted is skipped), each dialogue in
-the rollout engine's batched rounds beside the others. An agent that reaches ``max_turns`` is submitted
+Both agents act in every round (``next_roles``: the rollout engine samples them together, beside every
+other dialogue's; one that submitted sits out); a message sent in a round reaches the other agent at its
+next turn. An agent that reaches ``max_turns`` is submitted
 as it stands. At the end both patches are graded as CooperBench grades them (:mod:`.evaluate`): the pair
 succeeds iff both features' hidden tests pass on the merged tree.
 
@@ -113,19 +114,23 @@ class CoopCoding(Env):
             self.views[r].append({"role": "user", "content": "Begin. Your first command?"})
 
     # -- turns --
-    def next_role(self) -> str | None:
+    def next_roles(self) -> list[str]:
+        """Both coders act in every round (one that submitted sits out); what one sends in a round reaches
+        the other at its next turn, as messages between two people working at once do."""
         if self.done:
-            return None
-        for _ in range(2):
-            r = self.roles[self._turn % 2]
-            self._turn += 1
-            if not self.submitted[r]:
-                if self.pending[r]:  # its observations and the messages it received, as one user turn
-                    self.views[r].append({"role": "user", "content": "\n\n".join(self.pending[r])})
-                    self.pending[r] = []
-                return r
-        self.finish("submitted")
-        return None
+            return []
+        roles = [r for r in self.roles if not self.submitted[r]]
+        if not roles:
+            self.finish("submitted")
+        for r in roles:
+            if self.pending[r]:  # its observation and the messages it received, as one user turn
+                self.views[r].append({"role": "user", "content": "\n\n".join(self.pending[r])})
+                self.pending[r] = []
+        return roles
+
+    def next_role(self) -> str | None:
+        roles = self.next_roles()
+        return roles[0] if roles else None
 
     def on_reply(self, role: str, text: str) -> None:
         self.views[role].append({"role": "assistant", "content": text})
