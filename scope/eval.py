@@ -28,6 +28,10 @@ from .types import Completion, Episode, SamplingParams
 
 class PanelEntry(PartnerSpec):
     seen: bool = False
+    adapter: str | None = None
+    """Cross-play: a trained LoRA adapter that plays this partner on ``model`` (frozen): an adapter
+    directory (``adapter_config.json``), or a checkpoint directory, whose ``partner`` adapter is taken
+    (its ``agent`` adapter when it has none, as in self-play runs)."""
 
 
 class Panel(Strict):
@@ -98,6 +102,37 @@ def fixed_sampling(refs: list[Any], seed: int):
             g.set_state(state)
 
 
+def adapter_dir(path: str) -> str:
+    """The PEFT adapter directory that ``path`` names (see ``PanelEntry.adapter``)."""
+    for d in (path, os.path.join(path, "partner", "partner"), os.path.join(path, "partner"),
+              os.path.join(path, "agent", "agent"), os.path.join(path, "agent")):
+        if os.path.exists(os.path.join(d, "adapter_config.json")):
+            return d
+    raise ConfigError(f"adapter {path}: no adapter_config.json there, nor in its partner/ or agent/ directory")
+
+
+def load_frozen_adapter(ref: Any, path: str, name: str) -> Any:
+    """``ref``'s model with the adapter at ``path`` loaded under ``name``: a frozen ModelRef."""
+    from peft import PeftConfig, set_peft_model_state_dict
+    from peft.utils import load_peft_weights
+
+    from .models.local import ModelRef
+
+    backend = getattr(ref, "backend", None)
+    if backend is None or not hasattr(backend, "add_lora"):
+        raise ConfigError(f"adapter {path}: its model must be a local or vllm model, not an endpoint")
+    d = adapter_dir(path)
+    if name not in backend.adapter_names():
+        pc = PeftConfig.from_pretrained(d)
+        target = pc.target_modules if isinstance(pc.target_modules, str) else sorted(pc.target_modules)
+        backend.add_lora(name, r=pc.r, alpha=pc.lora_alpha, target_modules=target)
+        set_peft_model_state_dict(backend.model, load_peft_weights(d), adapter_name=name)
+        for n, prm in backend.model.named_parameters():
+            if f".{name}." in n:
+                prm.requires_grad_(False)
+    return ModelRef(id=f"{ref.id.split(':')[0]}:{name}", backend=backend, adapter=name)
+
+
 def panel_jobs(agent: Binding, panel: Panel, refs: dict[str, Any], env_name: str, env_options: dict,
                split: str, seed: int) -> tuple[list[Job], list[PanelEntry]]:
     env_cls = get_env(env_name)
@@ -111,7 +146,10 @@ def panel_jobs(agent: Binding, panel: Panel, refs: dict[str, Any], env_name: str
     for p in panel.partners:
         if p.model not in refs:
             raise ConfigError(f"panel partner {p.spec_id()!r}: model {p.model!r} is not defined")
-        b = spec_binding(p, refs[p.model])
+        ref = refs[p.model]
+        if p.adapter is not None:  # cross-play: another run's trained partner
+            ref = load_frozen_adapter(ref, p.adapter, f"xplay_{p.spec_id()}".replace(".", "_").replace("-", "_"))
+        b = spec_binding(p, ref)
         for i in range(n):
             task = tasks[i % len(tasks)]
             ep = Episode(task_id=task.id, group_id=f"eval:{p.spec_id()}:{task.id}", copy=i // len(tasks))

@@ -170,3 +170,36 @@ def test_the_tiny_model_through_the_rollout_engine():
             assert t.n_turns == 2 and len(t.token_ids) == len(t.mask) == len(t.logprobs)
             assert 0 < sum(t.mask) <= 24  # its two replies' tokens only
         assert e.meta["coop"]["merge"] in ("clean", "union") and e.meta["coop"]["turns_to_submit"]
+
+
+@needs_bwrap
+@pytest.mark.parametrize("mode", ["frozen", "self_play", "population"])
+def test_training_modes_run_on_coop_coding(tmp_path, mode):
+    """A frozen teammate, self-play and population self-play through the existing role mechanism: the
+    tiny model trains on coop_coding episodes (rewards 0 here; the plumbing is what is tested)."""
+    from scope.config import parse_config
+    from scope.run import read_metrics
+    from scope.train import train
+
+    partner = {"model": "policy", "max_new_tokens": 8}
+    steps = 1
+    if mode != "frozen":
+        partner.update(trainable=True, self_play=True)
+    if mode == "population":
+        partner.update(source="pool", pool={"size": 2, "every": 1})
+        steps = 2
+    train(parse_config({
+        "run": {"dir": str(tmp_path / "run"), "save_every": 1000, "progress": False},
+        "models": {"policy": {"path": "tiny-random", "lora": {"r": 4, "alpha": 8}}},
+        "agent": {"model": "policy", "trainable": True, "max_new_tokens": 8},
+        "partner": partner,
+        "env": {"name": "coop_coding", "train_split": "test", "options": {"max_turns": 2}},
+        "rollout": {"n_tasks": 1, "group_size": 2, "end_on_truncation": False},
+        "train": {"steps": steps, "lr": 1e-3}}), log=lambda s: None)
+    ms = read_metrics(str(tmp_path / "run"))
+    assert [m["step"] for m in ms] == list(range(1, steps + 1)) and all(m["failed_episodes"] == 0 for m in ms)
+    assert ms[-1]["train/trained_sequences"] == (2 if mode == "frozen" else 4)  # self-play: both roles' traces
+    recs = [json.loads(x) for x in open(tmp_path / "run" / "rollouts" / f"step_{steps:06d}.jsonl")]
+    assert all(r["meta"]["coop"]["merge"] in ("clean", "union") for r in recs)
+    if mode == "population":
+        assert all(r["models"]["partner"] != r["models"]["agent"] for r in recs)  # a pool member plays

@@ -290,3 +290,38 @@ def test_a_partner_that_never_learns_is_reported_loudly(tmp_path):
     warnings = [s for s in logs if s.startswith("WARNING: the partner has learned nothing for 2")]
     assert len(warnings) == 1
     assert adapter_b_norm(tmp_path / "silent" / "checkpoints" / "step_000003", "partner") == 0
+
+
+def test_cross_play_pairs_one_runs_agent_with_another_runs_partner(tmp_path):
+    """Cross-play evaluation: run A's agent against run B's trained partner, loaded as a frozen adapter
+    from B's checkpoint (a panel entry's ``adapter``), beside the base as a control."""
+    from safetensors.torch import load_file
+
+    from scope.cli import _agent_binding
+    from scope.eval import evaluate, frozen_refs, load_panel
+
+    for name, seed in (("A", 0), ("B", 7)):
+        c = cfg(tmp_path / name, {"trainable": True, "reward": "adversarial"}, steps=1)
+        c.run.seed = seed
+        train(c, log=lambda s: None)
+    ck_a, ck_b = (tmp_path / n / "checkpoints" / "step_000001" for n in ("A", "B"))
+    c, backends, agent = _agent_binding(str(ck_a), None, None, [])
+    panel = load_panel({"episodes": 2, "partners": [
+        {"id": "B-partner", "model": "policy", "adapter": str(ck_b), "max_new_tokens": 10},
+        {"id": "base", "model": "policy", "max_new_tokens": 10}]})
+    res = evaluate(agent, panel, frozen_refs(dict(c.models), backends, c.run.seed), "p4g", c.env.options, "train")
+    assert res["per_partner"]["B-partner"]["n"] == 2 and res["per_partner"]["base"]["n"] == 2
+    b = backends["policy"]
+    saved = load_file(str(ck_b / "partner" / "partner" / "adapter_model.safetensors"))
+    params = dict(b.model.named_parameters())
+    assert saved and any("lora_A" in k for k in saved)
+    for k, v in saved.items():  # B's partner, exactly, under its cross-play name (frozen)
+        p = params[k.replace(".lora_A.weight", ".lora_A.xplay_B_partner.weight")
+                    .replace(".lora_B.weight", ".lora_B.xplay_B_partner.weight")]
+        assert torch.equal(p.detach(), v.to(p.dtype)) and not p.requires_grad
+    recs = [e for e in res["episodes"] if "B-partner" in json.dumps(e)]
+    assert recs  # the episodes name who played
+    with pytest.raises(Exception, match="adapter_config.json"):
+        evaluate(agent, load_panel({"episodes": 1, "partners": [
+            {"id": "nothing", "model": "policy", "adapter": str(tmp_path)}]}),
+            frozen_refs(dict(c.models), backends, c.run.seed), "p4g", c.env.options, "train")
