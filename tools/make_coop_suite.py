@@ -17,7 +17,7 @@ import itertools
 import json
 import os
 import shutil
-import subprocess
+import sys
 import tempfile
 
 REPOS: dict[str, dict] = {}
@@ -484,11 +484,10 @@ SPLITS = {"train": ["textkit_task/task1", "inventory_task/task1", "settings_task
           "test": ["stats_task/task1"]}
 
 
-def git(cwd, *args, input=None):
-    env = dict(os.environ, GIT_AUTHOR_NAME="scope", GIT_AUTHOR_EMAIL="scope@localhost", GIT_COMMITTER_NAME="scope",
-               GIT_COMMITTER_EMAIL="scope@localhost", GIT_CONFIG_NOSYSTEM="1", HOME=cwd)
-    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True, env=env,
-                          input=input).stdout
+def git(cwd, *args):
+    from scope.envs.coop.evaluate import git as run_git  # the grader's own git call (fixed identity, no config)
+
+    return run_git(cwd, *args).stdout
 
 
 def write(root: str, files: dict[str, str]) -> None:
@@ -512,6 +511,7 @@ def diff_of(base: dict[str, str], files: dict[str, str]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser()
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, here)
     ap.add_argument("--out", default=os.path.join(here, "scope", "envs", "coop", "suite"))
     a = ap.parse_args()
     shutil.rmtree(a.out, ignore_errors=True)
@@ -532,9 +532,6 @@ def main() -> None:
     with open(os.path.join(a.out, "splits.json"), "w") as f:
         json.dump(SPLITS, f, indent=1)
     # grade every reference pair through scope's pipeline and record what it gives
-    import sys
-
-    sys.path.insert(0, here)
     from scope.envs.coop.evaluate import evaluate_pair
     from scope.envs.coop.sandbox import Limits, Sandbox
     from scope.envs.coop.tasks import load_task_dir, task_dirs
