@@ -13,7 +13,8 @@ from scope.envs.coop.evaluate import evaluate_pair
 from scope.envs.coop.sandbox import Limits, Sandbox
 from scope.envs.coop.tasks import SUITE, load_pairs, load_task_dir, task_dirs
 
-needs_bwrap = pytest.mark.skipif(sb.find_bwrap() is None, reason="no bubblewrap")
+needs_bwrap = pytest.mark.skipif(sb.find_bwrap() is None or (os.geteuid() == 0 and not sb.cgroups_usable()),
+                                 reason="no usable sandbox (bubblewrap, and as root a writable cgroup filesystem)")
 
 
 def box(ws):

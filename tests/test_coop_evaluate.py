@@ -50,7 +50,8 @@ def sandbox_for(ws):
     return Sandbox(ws, Limits(wall_seconds=60))
 
 
-needs_bwrap = pytest.mark.skipif(sb.find_bwrap() is None, reason="no bubblewrap")
+needs_bwrap = pytest.mark.skipif(sb.find_bwrap() is None or (os.geteuid() == 0 and not sb.cgroups_usable()),
+                                 reason="no usable sandbox (bubblewrap, and as root a writable cgroup filesystem)")
 
 
 def test_filter_drops_tests_and_test_configuration_keeps_new_files(tmp_path):
