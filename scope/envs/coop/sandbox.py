@@ -217,13 +217,14 @@ class Sandbox:
         if not self.sandboxed:
             return ["/bin/sh", "-c", command]
         a = [self.bwrap, "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-             "--die-with-parent", "--new-session", "--hostname", "sandbox"]
+             "--die-with-parent", "--new-session", "--hostname", "sandbox",
+             "--tmpfs", "/tmp"]  # first: the binds below may lie under /tmp (a venv there) and go on top of it
         for d in _RO_DIRS:
             if os.path.exists(d):
                 a += ["--ro-bind", d, d] if not os.path.islink(d) else ["--symlink", os.readlink(d), d]
         for d in _python_dirs() + list(self.extra_ro):
             a += ["--ro-bind", d, d]
-        a += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--bind", self.workspace, self.workspace,
+        a += ["--proc", "/proc", "--dev", "/dev", "--bind", self.workspace, self.workspace,
               "--chdir", self.workspace, "--setenv", "HOME", self.workspace, "--setenv", "TMPDIR", "/tmp",
               "--setenv", "PATH", os.pathsep.join([os.path.dirname(sys.executable), "/usr/local/bin", "/usr/bin",
                                                    "/bin"]),
