@@ -196,6 +196,27 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_study(args: argparse.Namespace) -> int:
+    if args.study_cmd == "analyze":
+        from .study.analyze import run
+        from .study.config import load_study
+
+        cfg = load_study(args.config) if args.config else None
+        try:
+            run(args.db, args.out, conditions=list(cfg.conditions) if cfg else None,
+                comparisons=cfg.comparisons() if cfg else None,
+                outcomes=cfg.analysis.outcomes if cfg else None,
+                resamples=cfg.analysis.resamples if cfg else args.resamples, seed=cfg.analysis.seed if cfg else 0)
+        except (FileNotFoundError, ValueError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        print(f"wrote {args.out}/report.md, analysis.json, PNG plots and CSV exports")
+        return 0
+    from .study.serve import serve
+
+    return serve(args.config, host=args.host, port=args.port)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="scope", description="Multi-turn RL for LLM agents against LLM partners.")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -257,6 +278,19 @@ def main(argv: list[str] | None = None) -> int:
     lb.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a key in every run, e.g. --set models.collapsed.options.collapse=0.8")
     lb.set_defaults(fn=cmd_lab)
+    st = sub.add_parser("study", help="the human study: serve the chat app, analyse its database")
+    ss = st.add_subparsers(dest="study_cmd", required=True)
+    sv = ss.add_parser("serve", help="serve the participant page and its API")
+    sv.add_argument("--config", required=True, help="study YAML (tasks, conditions, database)")
+    sv.add_argument("--host", help="bind address (default: the config's, 127.0.0.1)")
+    sv.add_argument("--port", type=int, help="port (default: the config's, 8080)")
+    sa = ss.add_parser("analyze", help="statistics, report, plots and CSV exports of a study database")
+    sa.add_argument("db", help="the SQLite file (or an SQLAlchemy URL)")
+    sa.add_argument("--config", help="the study YAML (conditions order, pre-registered comparisons and outcomes)")
+    sa.add_argument("--out", default="study_report")
+    sa.add_argument("--resamples", type=int, default=10_000, help="bootstrap resamples (without --config)")
+    st.set_defaults(fn=cmd_study)
+
     pl = sub.add_parser("plot", help="PNG figures and a score table of one or more runs")
     pl.add_argument("runs", nargs="+")
     pl.add_argument("--out", default="plots")

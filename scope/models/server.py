@@ -223,7 +223,9 @@ class Server:
         self.server.should_exit = True
         if self.thread is not None:
             self.thread.join(timeout=10)
-        self.app.state.batcher.stop.set()
+        batcher = getattr(self.app.state, "batcher", None)  # apps other than scope serve have none
+        if batcher is not None:
+            batcher.stop.set()
 
 
 def make_server(backend: LocalBackend, host: str = "127.0.0.1", port: int = 8000, model_name: str = "scope",

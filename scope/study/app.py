@@ -1,0 +1,174 @@
+"""``scope study serve``: the participant page and its API (FastAPI, served by uvicorn).
+
+Participant flow: the recruitment URL (``/?PROLIFIC_PID=..&STUDY_ID=..&SESSION_ID=..``) loads the page,
+which calls ``POST /api/start``: a new participant is assigned a cell and a task, a returning one gets
+their session back. Every session request carries the session's owner token (``X-Session-Token``,
+an HMAC of the session id). ``POST /api/session/{id}/message`` answers with a stream of server-sent
+events (the agent's reply is stored first, then streamed in chunks). The condition never leaves the
+server. ``/api/admin/...`` needs ``Authorization: Bearer <admin token>``.
+"""
+from __future__ import annotations
+
+import csv
+import hmac
+import io
+import json
+import os
+import re
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+
+from . import store
+from .config import ID_PATTERN
+from .service import StudyError, StudyService
+
+PAGE = os.path.join(os.path.dirname(__file__), "page.html")
+_ID = re.compile(ID_PATTERN)
+
+
+def make_app(service: StudyService, admin_token: str | None = None) -> FastAPI:
+    app = FastAPI(title="scope study", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.service = service
+    cap = service.cfg.study.max_body_bytes
+    with open(PAGE) as f:
+        page = f.read()
+
+    def error(code: int, msg: str) -> JSONResponse:
+        return JSONResponse({"error": msg}, status_code=code)
+
+    @app.middleware("http")
+    async def guard(request: Request, call_next):
+        n = request.headers.get("content-length")
+        if n is not None and (not n.isdigit() or int(n) > cap):
+            return error(413, f"request body over {cap} bytes")
+        response = await call_next(request)
+        response.headers["Cache-Control"] = "no-store"
+        response.headers["X-Content-Type-Options"] = "nosniff"
+        return response
+
+    async def body(request: Request) -> dict[str, Any]:
+        data = bytearray()
+        async for chunk in request.stream():
+            data += chunk
+            if len(data) > cap:
+                raise StudyError(413, f"request body over {cap} bytes")
+        try:
+            obj = json.loads(data or b"{}")
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+            raise StudyError(400, "the body is not JSON") from None
+        if not isinstance(obj, dict):
+            raise StudyError(400, "the body must be a JSON object")
+        return obj
+
+    def owned(request: Request, sid: str) -> store.StudySession:
+        return service.check_owner(sid, request.headers.get("x-session-token"))
+
+    @app.exception_handler(StudyError)
+    async def _study_error(request: Request, e: StudyError):
+        return error(e.status, e.message)
+
+    @app.get("/", response_class=HTMLResponse)
+    def index():
+        return HTMLResponse(page, headers={"Content-Security-Policy": "default-src 'self'; style-src 'self' "
+                                           "'unsafe-inline'; script-src 'self' 'unsafe-inline'"})
+
+    @app.get("/health")
+    def health():
+        return {"status": "ok"}
+
+    @app.post("/api/start")
+    async def start(request: Request):
+        b = await body(request)
+        ids = [b.get("participant_id"), b.get("study_id"), b.get("session_id")]
+        if not all(isinstance(x, str) and _ID.match(x) for x in ids):
+            raise StudyError(400, "participant_id, study_id and session_id are required (letters, digits, "
+                                  "'_', '.', '-'; at most 64)")
+        from starlette.concurrency import run_in_threadpool
+
+        sess = await run_in_threadpool(service.start, *ids)
+        await run_in_threadpool(service.catch_up, sess)  # P4G: the agent writes first
+        return {"token": service.token(sess.id)} | await run_in_threadpool(service.state, sess)
+
+    @app.get("/api/session/{sid}")
+    def state(sid: str, request: Request):
+        sess = owned(request, sid)
+        service.catch_up(sess)  # a reply lost to a restart is made now
+        return service.state(sess)
+
+    @app.post("/api/session/{sid}/message")
+    async def message(sid: str, request: Request):
+        from starlette.concurrency import run_in_threadpool
+
+        sess = owned(request, sid)
+        b = await body(request)
+        if not isinstance(b.get("text"), str):
+            raise StudyError(400, "text is required")
+        events = await run_in_threadpool(service.message, sess, b["text"])  # stored before it is streamed
+        step = service.cfg.study.stream_chunk_chars
+
+        def stream():
+            for ev in events:
+                if ev["type"] == "message":
+                    t = ev["text"]
+                    for i in range(0, len(t), step):
+                        yield sse({"type": "delta", "text": t[i:i + step]})
+                yield sse(ev)
+            yield sse({"type": "done"})
+
+        return StreamingResponse(stream(), media_type="text/event-stream")
+
+    @app.post("/api/session/{sid}/end")
+    def end(sid: str, request: Request):
+        sess = owned(request, sid)
+        service.end(sess)
+        return service.state(sess)
+
+    @app.post("/api/session/{sid}/survey")
+    async def survey(sid: str, request: Request):
+        from starlette.concurrency import run_in_threadpool
+
+        sess = owned(request, sid)
+        b = await body(request)
+        return await run_in_threadpool(service.survey, sess, b.get("answers"), b.get("free_text"))
+
+    # ---- admin ---------------------------------------------------------------------------------------
+    def admin(request: Request) -> None:
+        got = request.headers.get("authorization", "")
+        if not admin_token or not hmac.compare_digest(got.encode(), f"Bearer {admin_token}".encode()):
+            raise StudyError(403, "admin token required")
+
+    @app.get("/api/admin/cells")
+    def cells(request: Request):
+        admin(request)
+        return {"cells": [{"condition": c, "task_type": t, "n": n}
+                          for (c, t), n in sorted(store.cell_counts(service.engine).items())]}
+
+    @app.get("/api/admin/export/{table}.csv")
+    def export(table: str, request: Request):
+        admin(request)
+        if table not in EXPORTS:
+            raise StudyError(404, f"no table {table!r}; have {sorted(EXPORTS)}")
+        return Response(csv_text(service.engine, table), media_type="text/csv")
+
+    return app
+
+
+def sse(obj: dict) -> str:
+    return f"data: {json.dumps(obj)}\n\n"
+
+
+EXPORTS = ("sessions", "turns", "surveys")
+
+
+def csv_text(engine, table: str) -> str:
+    sessions, turns, surveys = store.all_rows(engine)
+    rows = {"sessions": sessions, "turns": turns, "surveys": surveys}[table]
+    cols = list({"sessions": store.StudySession, "turns": store.Turn, "surveys": store.Survey}[table].model_fields)
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(cols)
+    for r in rows:
+        w.writerow([getattr(r, c) for c in cols])
+    return buf.getvalue()

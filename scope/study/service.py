@@ -1,0 +1,316 @@
+"""What the study app does, apart from HTTP: start or resume a session, run its turns, end it, take
+its survey. Every turn is committed to the database before anything about it is sent back.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import secrets
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import store
+from .agents import StudyAgent, TaskBank, env_seed
+from .config import StudyConfig
+from .survey import SURVEYS, check_answers
+
+MAX_AGENT_STEPS = 12
+"""Agent replies in a row (tool calls and their results) before the session is ended as an error."""
+AGENT_RETRIES = 2
+TAU2_STOP, TAU2_TRANSFER = "###STOP###", "###TRANSFER###"
+
+
+class StudyError(Exception):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+@dataclass
+class Runtime:
+    env: Any
+    lock: threading.RLock = field(default_factory=threading.RLock)
+
+
+def sign(secret: bytes, label: str, session_id: str) -> str:
+    return hmac.new(secret, f"{label}:{session_id}".encode(), hashlib.sha256).hexdigest()
+
+
+class StudyService:
+    def __init__(self, cfg: StudyConfig, engine, agents: dict[tuple[str, str], StudyAgent], bank: TaskBank,
+                 secret: bytes):
+        self.cfg, self.engine, self.agents, self.bank, self.secret = cfg, engine, agents, bank, secret
+        self.runtimes: dict[str, Runtime] = {}
+        self.runtimes_lock = threading.Lock()
+        store.ensure_cells(engine, cfg.cells())
+
+    # ---- identity -------------------------------------------------------------------------------
+    def token(self, session_id: str) -> str:
+        return sign(self.secret, "owner", session_id)
+
+    def completion_code(self, session_id: str) -> str:
+        return sign(self.secret, "complete", session_id)[:12].upper()
+
+    def check_owner(self, session_id: str, token: str | None) -> store.StudySession:
+        sess = store.get_session(self.engine, session_id) if len(session_id) <= 64 else None
+        if sess is None or not token or not hmac.compare_digest(token.encode(), self.token(session_id).encode()):
+            raise StudyError(404, "no such session (or not yours)")  # one answer for both: ids stay unprobed
+        return sess
+
+    # ---- start / resume ----------------------------------------------------------------------------
+    def start(self, participant_id: str, study_id: str, external_session_id: str) -> store.StudySession:
+        old = store.find_session(self.engine, study_id, participant_id)
+        if old is not None:
+            if old.external_session_id != external_session_id:
+                raise StudyError(409, "this participant already has a session in this study")
+            return old
+
+        def make(cond: str, tt: str, n: int) -> store.StudySession:
+            task = self.bank.pick(tt, n)
+            agent = self.agents[(cond, tt)]
+            return store.StudySession(id=secrets.token_urlsafe(18), study_id=study_id,
+                                      participant_id=participant_id, external_session_id=external_session_id,
+                                      condition=cond, task_type=tt, task_id=task.id, env=agent.task_type.env,
+                                      env_options=json.dumps(agent.options, sort_keys=True, default=str))
+
+        from sqlalchemy.exc import IntegrityError
+
+        try:
+            sess = store.assign(self.engine, self.cfg.cells(), participant_id, make)
+        except IntegrityError:  # the same participant arrived twice at once: the first one won
+            sess = store.find_session(self.engine, study_id, participant_id)
+            if sess is None or sess.external_session_id != external_session_id:
+                raise StudyError(409, "this participant already has a session in this study") from None
+            return sess
+        if sess.env != "p4g":  # tau2: the agent's greeting opens the chat, as in the environment
+            store.add_turns(self.engine, sess.id, [{"role": "agent", "content": self._env_greeting(sess),
+                                                    "kind": "greeting"}])
+        return sess
+
+    def _env_greeting(self, sess) -> str:
+        from ..envs.tau2.env import GREETING
+
+        return GREETING
+
+    # ---- the live environment ----------------------------------------------------------------------
+    def runtime(self, sess: store.StudySession) -> Runtime:
+        """The session's environment, rebuilt from its stored turns when this process does not hold it."""
+        with self.runtimes_lock:
+            rt = self.runtimes.get(sess.id)
+            if rt is None:
+                rt = Runtime(env=self.rebuild(sess, store.session_turns(self.engine, sess.id)))
+                self.runtimes[sess.id] = rt
+        return rt
+
+    def rebuild(self, sess: store.StudySession, turns: list[store.Turn]):
+        agent = self.agents[(sess.condition, sess.task_type)]
+        env = agent.new_env(self.bank.get(sess.task_type, sess.task_id), env_seed(sess.id))
+        replay(env, turns)
+        return env
+
+    def _agent_loop(self, sess: store.StudySession, rt: Runtime) -> tuple[list[dict], dict]:
+        """Let the agent speak until it is the participant's turn; every reply is stored as it comes.
+        Returns the events to show and the session's new fields."""
+        env, agent = rt.env, self.agents[(sess.condition, sess.task_type)]
+        events, update, steps = [], {}, 0
+        while not env.done and env.next_role() == "agent":
+            steps += 1
+            if steps > MAX_AGENT_STEPS:
+                update = self._ended("agent_error")
+                store.add_turns(self.engine, sess.id, [{"role": "system", "content": "the agent kept calling tools "
+                                f"({MAX_AGENT_STEPS} replies in a row)", "visible": False, "kind": "error"}], update)
+                events.append({"type": "end", "reason": "agent_error"})
+                return events, update
+            text, err = None, None
+            for _ in range(AGENT_RETRIES + 1):
+                try:
+                    text = agent.reply(env)
+                    break
+                except Exception as e:  # noqa: BLE001 - recorded; the session ends instead of hanging
+                    err = f"{type(e).__name__}: {e}"
+            if text is None:
+                update = self._ended("agent_error")
+                store.add_turns(self.engine, sess.id, [{"role": "system", "content": f"agent failed: {err}"[:2000],
+                                                        "visible": False, "kind": "error"}], update)
+                events.append({"type": "end", "reason": "agent_error"})
+                return events, update
+            turns, shown = apply_agent(env, text)
+            if env.done:
+                update = self._ended("agent_end" if getattr(env, "ended_by", None) == "agent" else "env_end")
+            last = turns[-1]
+            if last.get("kind") == "tool" and last["meta"].get("name") == "transfer_to_human_agents" \
+                    and not last["meta"].get("error") and not env.done:
+                env.on_reply("partner", TAU2_TRANSFER)  # as tau2's user simulator does after a transfer
+                turns.append({"role": "user", "content": TAU2_TRANSFER, "visible": False, "kind": "end",
+                              "meta": {"reason": "transfer"}})
+                update = self._ended("transfer")
+            store.add_turns(self.engine, sess.id, turns, update or None)
+            if shown is not None:
+                events.append({"type": "message", "role": "agent", "text": shown})
+            elif turns[0].get("kind") == "tool_call":
+                events.append({"type": "status", "text": "The agent is looking something up..."})
+            if update:
+                events.append({"type": "end", "reason": update["end_reason"]})
+        return events, update
+
+    def _ended(self, reason: str) -> dict:
+        return {"status": "ended", "end_reason": reason, "ended_at": time.time()}
+
+    def catch_up(self, sess: store.StudySession) -> list[dict]:
+        """Run the agent where it owes a reply (a new P4G session; a reply lost to a restart)."""
+        rt = self.runtime(sess)
+        with rt.lock:
+            sess = store.get_session(self.engine, sess.id)
+            if sess.status != "active":
+                return []
+            events, _ = self._agent_loop(sess, rt)
+            return events
+
+    # ---- the participant's actions -------------------------------------------------------------------
+    def message(self, sess: store.StudySession, text: str) -> list[dict]:
+        text = (text or "").strip()
+        if not text:
+            raise StudyError(400, "empty message")
+        if len(text) > self.cfg.study.max_message_chars:
+            raise StudyError(413, f"message over {self.cfg.study.max_message_chars} characters")
+        if text.lower() == "/stop":
+            return self.end(sess)
+        rt = self.runtime(sess)
+        with rt.lock:
+            sess = store.get_session(self.engine, sess.id)
+            if sess.status != "active":
+                raise StudyError(409, "this chat has ended")
+            events, _ = self._agent_loop(sess, rt)  # a reply owed from before (a restart in the middle)
+            sess = store.get_session(self.engine, sess.id)
+            if sess.status != "active":
+                return events
+            cap = self.cfg.tasks[sess.task_type].turn_cap()
+            n = sess.user_turns + 1
+            update: dict[str, Any] = {"user_turns": n}
+            rt.env.on_reply("partner", text)
+            if rt.env.done:  # the participant's words ended it (tau2 stop words, a P4G marker or its turn cap)
+                update.update(self._ended({"user_stop": "participant", "max_turns": "turn_cap"}.get(
+                    rt.env.end_reason, "env_end")))
+            store.add_turns(self.engine, sess.id, [{"role": "user", "content": text}], update)
+            if rt.env.done:
+                return events + [{"type": "end", "reason": update["end_reason"]}]
+            more, upd = self._agent_loop(sess, rt)
+            events += more
+            if not upd and n >= cap:
+                upd = self._ended("turn_cap")
+                store.update_session(self.engine, sess.id, **upd)
+                events.append({"type": "end", "reason": "turn_cap"})
+            return events
+
+    def end(self, sess: store.StudySession) -> list[dict]:
+        """The participant ends the chat (the End button, or /stop)."""
+        rt = self.runtime(sess)
+        with rt.lock:
+            sess = store.get_session(self.engine, sess.id)
+            if sess.status != "active":
+                return []
+            update = self._ended("participant")
+            if sess.env != "p4g":  # tau2: the user ends the dialogue (graded as tau2 grades a user stop)
+                rt.env.on_reply("partner", TAU2_STOP)
+                turn = {"role": "user", "content": TAU2_STOP, "visible": False, "kind": "end",
+                        "meta": {"reason": "participant"}}
+            else:
+                turn = {"role": "system", "content": "the participant ended the chat", "visible": False,
+                        "kind": "end"}
+            store.add_turns(self.engine, sess.id, [turn], update)
+            return [{"type": "end", "reason": "participant"}]
+
+    def survey(self, sess: store.StudySession, answers: Any, free_text: Any) -> dict:
+        if sess.status == "active":
+            raise StudyError(409, "end the chat before the survey")
+        kind = "p4g" if sess.env == "p4g" else "tau2"
+        if free_text is None:
+            free_text = ""
+        if not isinstance(free_text, str):
+            raise StudyError(400, "free_text must be text")
+        if len(free_text) > self.cfg.study.max_text_chars:
+            raise StudyError(413, f"free text over {self.cfg.study.max_text_chars} characters")
+        clean = check_answers(kind, answers)
+        if isinstance(clean, str):
+            raise StudyError(400, clean)
+        store.save_survey(self.engine, sess.id, clean, free_text)  # a second submission changes nothing
+        return self.completion(sess.id)
+
+    def completion(self, session_id: str) -> dict:
+        code = self.completion_code(session_id)
+        return {"code": code, "redirect": self.cfg.study.completion_url.replace("{code}", code)}
+
+    # ---- what the page shows --------------------------------------------------------------------------
+    def state(self, sess: store.StudySession) -> dict:
+        sess = store.get_session(self.engine, sess.id)
+        turns = store.session_turns(self.engine, sess.id)
+        kind = "p4g" if sess.env == "p4g" else "tau2"
+        messages = [{"role": "agent" if t.role == "agent" else "user", "text": display(t)}
+                    for t in turns if t.visible and t.role in ("agent", "user")]
+        out = {"session": sess.id, "kind": kind, "status": sess.status, "end_reason": sess.end_reason,
+               "turn_cap": self.cfg.tasks[sess.task_type].turn_cap(), "user_turns": sess.user_turns,
+               "max_message_chars": self.cfg.study.max_message_chars, "task": self.task_panel(sess),
+               "messages": messages, "survey": SURVEYS[kind]}
+        if sess.status == "surveyed":
+            out["completion"] = self.completion(sess.id)
+        return out
+
+    def task_panel(self, sess: store.StudySession) -> dict:
+        task = self.bank.get(sess.task_type, sess.task_id)
+        if sess.env == "p4g":
+            from ..envs.p4g import persona_text
+
+            return {"kind": "p4g", "title": "Your role",
+                    "intro": "Imagine you are this person. You have just earned $2 for a task. Someone will chat "
+                             "with you; reply as this person would. At the end you will say how much of the $2, "
+                             "if any, you would donate.",
+                    "card": persona_text(task.data).split("\n")}
+        sc = task.data["task"].get("user_scenario") or {}
+        ins = sc.get("instructions") or {}
+        if isinstance(ins, str):
+            ins = {"task_instructions": ins}
+        fields = [("Who you are", sc.get("persona")), ("Why you are contacting support", ins.get("reason_for_call")),
+                  ("What you know", ins.get("known_info")), ("What you do not know", ins.get("unknown_info")),
+                  ("How to behave", ins.get("task_instructions"))]
+        return {"kind": "tau2", "title": f"Your situation ({sess.env.split('_')[1]} customer support)",
+                "intro": "You are the customer. Explain your situation to the support agent and get it resolved. "
+                         "Use only the details below; if you do not know something, say so.",
+                "fields": [{"label": k, "text": str(v)} for k, v in fields if v]}
+
+
+# ---- turns <-> environment ------------------------------------------------------------------------------
+def replay(env, turns: list[store.Turn]) -> None:
+    """Re-apply stored turns to a fresh environment (greetings and tool rows come from the env itself)."""
+    for t in turns:
+        if t.kind in ("greeting", "tool", "error") or t.role == "system":
+            continue
+        if env.done:
+            break
+        env.on_reply("agent" if t.role == "agent" else "partner", t.content)
+
+
+def apply_agent(env, text: str) -> tuple[list[dict], str | None]:
+    """Apply one agent reply; return the turns to store and the text the participant sees (None if none)."""
+    n = len(env.transcript)
+    env.on_reply("agent", text)
+    new = env.transcript[n:]
+    if new and new[-1]["role"] == "tool":  # tau2: a tool call and its result, not shown
+        meta: dict[str, Any] = {"entry": new[-1]["content"]}
+        from ..envs.tau2.env import parse_tool_call
+
+        name, args, err = parse_tool_call(text)
+        res = env.views["agent"][-1]["content"]
+        meta.update(name=name, arguments=args, result=res.removeprefix("<tool_result>").removesuffix("</tool_result>"))
+        if err is not None or meta["result"].startswith("Error:"):
+            meta["error"] = err or meta["result"]
+        return [{"role": "agent", "content": text, "visible": False, "kind": "tool_call"},
+                {"role": "tool", "content": new[-1]["content"], "visible": False, "kind": "tool", "meta": meta}], None
+    shown = text.replace(TAU2_STOP, "").strip() if getattr(env, "agent_stop", False) else text.strip()
+    return [{"role": "agent", "content": text}], shown
+
+
+def display(t: store.Turn) -> str:
+    return t.content.replace(TAU2_STOP, "").strip() if t.role == "agent" else t.content
