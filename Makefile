@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo demo-p4g lab lab-quick test test-lab test-soak test-scale scale-env gpu-check bench clean
+.PHONY: install demo demo-p4g lab lab-quick test test-lab test-soak test-scale test-browser browser-env scale-env gpu-check bench clean
 
 install: $(STAMP)
 
@@ -61,6 +61,16 @@ $(SCALE_STAMP): pyproject.toml
 # and Ray workers (2 workers vs in-process, loopback only, a pool, a killed worker).
 test-scale: scale-env
 	SCOPE_SCALE_TESTS=1 $(SCALE_VENV)/bin/python -m pytest -q tests/scale
+
+# The study page in headless Chromium (Playwright drives Debian's chromium package through its path; Playwright's
+# own browser download is not used). Installs the package with apt when chromium is missing (needs root).
+CHROMIUM ?= $(shell command -v chromium || command -v chromium-browser)
+browser-env: install
+	$(PY) -m pip install -q -e '.[test,browser]'
+	@if [ -z "$(CHROMIUM)" ]; then apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; fi
+
+test-browser: browser-env
+	SCOPE_BROWSER_TESTS=1 $(PY) -m pytest -q tests/browser
 
 # On a machine with a GPU: a rollout, a training step and the log-prob check on Qwen3-0.6B/4B shapes.
 gpu-check: install

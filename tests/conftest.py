@@ -33,13 +33,15 @@ def shared_path(*parts):
 
 
 HEAVY = {"/tests/lab/": ("SCOPE_LAB_TESTS", "make test-lab"), "/tests/soak/": ("SCOPE_SOAK_TESTS", "make test-soak"),
-         "/tests/scale/": ("SCOPE_SCALE_TESTS", "make test-scale")}
+         "/tests/scale/": ("SCOPE_SCALE_TESTS", "make test-scale"),
+         "/tests/browser/": ("SCOPE_BROWSER_TESTS", "make test-browser")}
 
 
 def pytest_collection_modifyitems(config, items):
     """Tests that take minutes run in their own targets: the lab's end to end (tests/lab/: builds the lab's
     models and trains) in `make test-lab`, the kill-and-resume soak (tests/soak/) in `make test-soak`,
-    the vLLM engine and Ray workers (tests/scale/, in their own environment .venv-scale) in `make test-scale`.
+    the vLLM engine and Ray workers (tests/scale/, in their own environment .venv-scale) in `make test-scale`,
+    the study app in a real browser (tests/browser/: Playwright and Debian's chromium) in `make test-browser`.
     Each target sets its variable; `make test` skips them."""
     for item in items:
         path = str(item.fspath).replace(os.sep, "/")

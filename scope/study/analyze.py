@@ -53,7 +53,7 @@ def welch(a: list[float], b: list[float]) -> dict[str, float]:
     if len(a) < 2 or len(b) < 2:
         return {"t": float("nan"), "df": float("nan"), "p": float("nan")}
     va, vb = np.var(a, ddof=1) / len(a), np.var(b, ddof=1) / len(b)
-    if va + vb == 0:
+    if va + vb <= 1e-24 * (1.0 + float(np.mean(a)) ** 2 + float(np.mean(b)) ** 2):  # both constant
         same = float(np.mean(a)) == float(np.mean(b))
         return {"t": 0.0 if same else float("inf"), "df": float("nan"), "p": 1.0 if same else 0.0}
     r = stats.ttest_ind(a, b, equal_var=False)

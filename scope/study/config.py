@@ -144,7 +144,7 @@ class StudyConfig(Strict):
         url = self.study.database
         if url.startswith("sqlite:///") and not url.startswith("sqlite:////") and url != "sqlite:///:memory:":
             path = url[len("sqlite:///"):]
-            url = "sqlite:///" + os.path.join(self.base_dir or ".", path)
+            url = "sqlite:///" + os.path.normpath(os.path.join(self.base_dir or os.getcwd(), path))
         return url
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 import os
 import sys
 
+from sqlalchemy.exc import SQLAlchemyError
+
 from ..config import ConfigError
 from ..models.server import LOOPBACK, Server
 from .agents import TaskBank, build_agents
@@ -32,6 +34,10 @@ def serve(config: str, host: str | None = None, port: int | None = None) -> int:
         app = build(cfg, secret.encode(), admin)
     except (ConfigError, FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except SQLAlchemyError as e:
+        print(f"error: study database {cfg.database_url()}: {type(e.orig or e).__name__}: {e.orig or e}",
+              file=sys.stderr)
         return 2
     host = host or cfg.study.host
     srv = Server(app, host, cfg.study.port if port is None else port)

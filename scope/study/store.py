@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 from typing import Any, Optional
 
@@ -71,6 +72,9 @@ class Survey(SQLModel, table=True):
 def make_engine(url: str):
     """An engine for ``url``; SQLite gets WAL, a busy timeout and immediate transactions."""
     if url.startswith("sqlite"):
+        path = url.split(":///", 1)[1] if ":///" in url else ""
+        if path and path != ":memory:":
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         eng = create_engine(url, connect_args={"check_same_thread": False, "timeout": 60})
 
         @event.listens_for(eng, "connect")

@@ -301,3 +301,38 @@ def test_transfer_to_a_human_ends_the_session(tmp_path, tau2_dir):
 
     row = collect(c.app.state.service.engine)[0]
     assert row["transferred"] == 1.0
+
+
+def test_serve_refuses_a_bad_start_with_one_line(tmp_path, capsys, monkeypatch):
+    from scope.cli import main
+
+    assert main(["study", "serve", "--config", str(tmp_path / "none.yaml")]) == 2
+    assert "study config" in capsys.readouterr().err
+    cfg = tmp_path / "s.yaml"
+    cfg.write_text("tasks: {p4g: {env: p4g}}\nconditions: {a: {p4g: {scripted: [hi]}}}\n")
+    monkeypatch.delenv("SCOPE_STUDY_SECRET", raising=False)
+    assert main(["study", "serve", "--config", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert "set SCOPE_STUDY_SECRET" in err and "Traceback" not in err
+    cfg.write_text("tasks: {p4g: {env: p4g, split: nope}}\nconditions: {a: {p4g: {scripted: [hi]}}}\n")
+    monkeypatch.setenv("SCOPE_STUDY_SECRET", "x" * 20)
+    assert main(["study", "serve", "--config", str(cfg)]) == 2
+    assert "task type p4g: split must be train, test or all" in capsys.readouterr().err
+    assert not (tmp_path / "study.db").exists()  # checked before the database is made
+
+
+def test_p4g_role_play_card_comes_from_a_real_persuadee(tmp_path):
+    import csv
+
+    p4g_dir = shared_path("data", "p4g")
+    cfg = study_cfg(tmp_path / "s.db", {"p4g": {"env": "p4g", "options": {"personas": "real", "data_dir": p4g_dir}}},
+                    {"a": {"p4g": {"scripted": ["Hello!"]}}})
+    c = TestClient(make(cfg))
+    st, h = start(c, "P1")
+    card = st["task"]["card"]
+    assert st["task"]["kind"] == "p4g" and any(line.startswith("Personality:") for line in card)
+    sess = store.get_session(c.app.state.service.engine, st["session"])
+    with open(os.path.join(p4g_dir, "full_info.csv"), newline="") as f:
+        persuadees = {r["B3"] for r in csv.DictReader(f) if r["B4"].strip() == "1"}
+    assert sess.task_id.removeprefix("p4g/").split("#")[0] in persuadees
+    assert st["turn_cap"] == 10  # P4G's default cap
