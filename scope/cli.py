@@ -196,6 +196,40 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_personas(args: argparse.Namespace) -> int:
+    from .personas.search import evolve, load_search_config, score_sets
+
+    try:
+        if args.personas_cmd == "evolve":
+            if bool(args.config) == bool(args.resume):
+                raise ConfigError("give --config CONFIG (a new search) or --resume RUN_DIR (continue one)")
+            path = args.config or os.path.join(args.resume, "config.yaml")
+            cfg = load_search_config(path, args.set)
+            if args.resume:
+                cfg.run["dir"] = args.resume
+            state = evolve(cfg, resume=bool(args.resume))
+            print(f"wrote {cfg.run_dir}/personas.json (the best generator's personas) and state.json "
+                  f"({len(state['archive'])} elites)")
+            return 0
+        cfg = load_search_config(args.config, args.set)
+        rows = score_sets(cfg, args.personas, dialogues=args.dialogues, seed=args.seed, run_dir=args.run)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"| persona set | personas | human-likeness | coverage | density | rejected | dialogues |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['set']} | {r['personas']} | {r['human']:.3f} | {r['coverage']:.3f} | {r['density']:.3f} | "
+              f"{r['reject_frac']:.2f} | {r['n_dialogues']} |")
+    print(f"(human-likeness classifier: held-out AUC {rows[0]['classifier_auc']:.3f})")
+    if args.out:
+        import json
+
+        with open(args.out, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
 def cmd_study(args: argparse.Namespace) -> int:
     if args.study_cmd == "analyze":
         from .study.analyze import run
@@ -278,6 +312,23 @@ def main(argv: list[str] | None = None) -> int:
     lb.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a key in every run, e.g. --set models.collapsed.options.collapse=0.8")
     lb.set_defaults(fn=cmd_lab)
+    pe = sub.add_parser("personas", help="evolved persona generators: search, and score persona sets")
+    ps = pe.add_subparsers(dest="personas_cmd", required=True)
+    pv = ps.add_parser("evolve", help="MAP-Elites over persona generators (fitness from played dialogues)")
+    pv.add_argument("--config", help="persona search YAML")
+    pv.add_argument("--resume", metavar="RUN_DIR", help="continue the search in RUN_DIR")
+    pv.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    pc = ps.add_parser("score", help="human-likeness and coverage of persona sets beside real held-out humans")
+    pc.add_argument("--config", required=True, help="persona search YAML (models, env, humans, search.k)")
+    pc.add_argument("--personas", action="append", required=True,
+                    help="a persona file (repeatable): evolved personas.json, builtin, or a JSON list of {id, text}")
+    pc.add_argument("--run", help="a search's RUN_DIR: reuse its human-likeness classifier")
+    pc.add_argument("--dialogues", type=int, default=32, help="dialogues per set (and real humans drawn)")
+    pc.add_argument("--seed", type=int, default=1)
+    pc.add_argument("--out", help="also write the rows as JSON")
+    pc.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    pe.set_defaults(fn=cmd_personas)
+
     st = sub.add_parser("study", help="the human study: serve the chat app, analyse its database")
     ss = st.add_subparsers(dest="study_cmd", required=True)
     sv = ss.add_parser("serve", help="serve the participant page and its API")

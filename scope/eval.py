@@ -28,6 +28,9 @@ from .types import Completion, Episode, SamplingParams
 
 class PanelEntry(PartnerSpec):
     seen: bool = False
+    personas: str | None = None
+    """A persona pool (``builtin``, a JSON file, the ``personas.json`` of ``scope personas evolve``): the
+    partner plays its personas in turn, one per episode (appended to its system prompt)."""
     adapter: str | None = None
     """Cross-play: a trained LoRA adapter that plays this partner on ``model`` (frozen): an adapter
     directory (``adapter_config.json``), or a checkpoint directory, whose ``partner`` adapter is taken
@@ -150,11 +153,25 @@ def panel_jobs(agent: Binding, panel: Panel, refs: dict[str, Any], env_name: str
         if p.adapter is not None:  # cross-play: another run's trained partner
             ref = load_frozen_adapter(ref, p.adapter, f"xplay_{p.spec_id()}".replace(".", "_").replace("-", "_"))
         b = spec_binding(p, ref)
+        personas = None
+        if p.personas is not None:
+            from .partners.sources import load_personas
+
+            try:
+                personas = load_personas(p.personas)
+            except (FileNotFoundError, ValueError) as e:
+                raise ConfigError(f"panel partner {p.spec_id()!r}: {e}") from None
         for i in range(n):
             task = tasks[i % len(tasks)]
             ep = Episode(task_id=task.id, group_id=f"eval:{p.spec_id()}:{task.id}", copy=i // len(tasks))
+            bi = b
+            if personas:
+                per = personas[i % len(personas)]
+                bi = Binding(id=b.id, ref=b.ref, sampling=b.sampling, vs=b.vs,
+                             note=(b.note + "\n" if b.note else "") + per["text"])
+                ep.meta["sim_persona"] = per["id"]
             jobs.append(Job(env=env_cls(task, random.Random(rng.random()), **env_options), episode=ep,
-                            refs={"agent": agent, "partner": b}, uid=uid))
+                            refs={"agent": agent, "partner": bi}, uid=uid))
             owner.append(p)
             uid += 1
     return jobs, owner

@@ -83,7 +83,8 @@ def register_persona_pool(name: str, load) -> None:
 
 
 def load_personas(spec: str) -> list[dict[str, str]]:
-    """A persona pool: ``builtin`` (12 manners), a registered name (``lab``), or a JSON file of {id, text}."""
+    """A persona pool: ``builtin`` (12 manners), a registered name (``lab``), or a JSON file of {id, text}
+    (a list, or an object whose ``personas`` is that list, as ``scope personas evolve`` writes)."""
     if spec in PERSONA_POOLS:
         return PERSONA_POOLS[spec]()
     path = BUILTIN_PERSONAS if spec == "builtin" else spec
@@ -92,6 +93,8 @@ def load_personas(spec: str) -> list[dict[str, str]]:
                                 f"or a JSON file of [{{id, text}}])")
     with open(path) as f:
         data = json.load(f)
+    if isinstance(data, dict) and "personas" in data:  # a file from `scope personas evolve` (with its generator)
+        data = data["personas"]
     if not isinstance(data, list) or not data or not all(isinstance(p, dict) and p.get("id") and p.get("text")
                                                          for p in data):
         raise ValueError(f"persona pool {path}: expected a non-empty list of {{id, text}} objects")

@@ -1,0 +1,367 @@
+"""``scope personas evolve``: MAP-Elites over persona generators, with fitness from played dialogues.
+
+One generation: draw parents from the archive's elites, vary them (``mutate.py``), expand every child
+into a population of personas, let the simulator play each persona against the agent in the
+environment (all children's dialogues in one batched rollout), gate each persona on task integrity,
+score the child (human-likeness and coverage, ``fitness.py``) and place it in the archive cell of its
+behaviour descriptors (the population's mean of two fingerprint features, binned) if the cell is empty
+or it beats the elite there. After every generation the archive, the random state and the classifier
+are written atomically to ``RUN_DIR/state.json`` and the best generator's population to
+``RUN_DIR/personas.json`` (the file ``partner.source: persona`` reads); ``--resume RUN_DIR`` continues.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from typing import Any, Callable
+
+import numpy as np
+import yaml
+from pydantic import Field, ValidationError, model_validator
+
+from ..config import ConfigError, ModelConfig, PartnerSpec, Strict, _format
+from .features import FEATURES, fingerprint, load_p4g_humans, turn_features
+from .fitness import HumanLikeness, Standardizer, auc, density_coverage, p4g_integrity
+from .genome import Genome, seed_genomes
+
+
+class HumansConfig(Strict):
+    data_dir: str | None = None
+    """The P4G data directory (full_dialog.csv, full_info.csv); default SCOPE_P4G_DATA."""
+    test_fraction: float = Field(0.2, gt=0, lt=1)
+    split_seed: int = 0
+    comparison: int = Field(48, ge=8)
+    """Held-out human dialogues kept out of the coverage reference: the "real humans" row is drawn from them."""
+
+
+class SearchConfig(Strict):
+    generations: int = Field(10, ge=1)
+    children: int = Field(4, ge=1)
+    """Generators varied and evaluated per generation."""
+    seeds: int = Field(4, ge=1)
+    """Starting generators (generation 0)."""
+    population: int = Field(8, ge=1)
+    """Personas a generator expands into."""
+    dialogues_per_persona: int = Field(1, ge=1)
+    descriptors: tuple[str, str] = ("words", "pushback")
+    bins: int = Field(4, ge=1, le=32)
+    human_weight: float = Field(0.5, ge=0)
+    coverage_weight: float = Field(0.5, ge=0)
+    max_reject: float = Field(0.5, ge=0, le=1)
+    """A generator whose share of rejected personas is above this is rejected whole."""
+    k: int = Field(5, ge=1)
+    """Neighbours that set each human's ball in the coverage measure."""
+    calibration_dialogues: int = Field(32, ge=4)
+    """Dialogues of the default simulator (no persona) the human-likeness classifier is trained against."""
+
+    @model_validator(mode="after")
+    def _desc(self):
+        bad = [d for d in self.descriptors if d not in FEATURES]
+        if bad:
+            raise ValueError(f"search.descriptors: unknown features {bad}; have {FEATURES}")
+        return self
+
+
+class PersonaSearchConfig(Strict):
+    run: dict[str, Any] = {"dir": "runs/personas", "seed": 0}
+    models: dict[str, ModelConfig] = {"policy": ModelConfig()}
+    agent: PartnerSpec = PartnerSpec(max_new_tokens=48)
+    """The persuader the personas talk to (frozen)."""
+    simulator: PartnerSpec = PartnerSpec(max_new_tokens=48)
+    """The model that role-plays the personas."""
+    mutator: PartnerSpec | None = PartnerSpec(max_new_tokens=64, temperature=0.9)
+    """The model that rewrites generator texts; null: structural operators only."""
+    rewrite_prob: float = Field(0.7, ge=0, le=1)
+    env: dict[str, Any] = {"name": "p4g", "options": {"max_turns": 3, "personas": "builtin"}}
+    humans: HumansConfig = HumansConfig()
+    search: SearchConfig = SearchConfig()
+    max_context: int = Field(4096, ge=64)
+
+    @model_validator(mode="after")
+    def _check(self):
+        if set(self.run) - {"dir", "seed"}:
+            raise ValueError(f"run: unknown keys {sorted(set(self.run) - {'dir', 'seed'})} (have dir, seed)")
+        if self.env.get("name") != "p4g":
+            raise ValueError("env.name: the search needs real human dialogues to score against, and the only "
+                             "ones at hand are P4G's: use p4g (tau2 personas can be gated with "
+                             "fitness.tau2_integrity, not yet searched)")
+        for spec in [self.agent, self.simulator] + ([self.mutator] if self.mutator else []):
+            if spec.model not in self.models:
+                raise ValueError(f"model {spec.model!r} is not defined in models")
+        return self
+
+    @property
+    def run_dir(self) -> str:
+        return str(self.run.get("dir", "runs/personas"))
+
+    @property
+    def seed(self) -> int:
+        return int(self.run.get("seed", 0))
+
+
+def load_search_config(path: str, overrides: list[str] | None = None) -> PersonaSearchConfig:
+    from ..config import apply_override
+
+    if not os.path.exists(path):
+        raise ConfigError(f"persona search config {path} not found")
+    with open(path) as f:
+        data = yaml.safe_load(f) or {}
+    for ov in overrides or []:
+        apply_override(data, ov)
+    try:
+        return PersonaSearchConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_format(e).replace("invalid config", "invalid persona search config")) from None
+
+
+# ---- the evaluator -------------------------------------------------------------------------------------
+class Evaluator:
+    """Plays personas in the environment and scores what their simulator says."""
+
+    def __init__(self, cfg: PersonaSearchConfig, refs: dict[str, Any] | None = None, classifier_state=None,
+                 log: Callable[[str], None] = print):
+        from ..envs import get_env
+        from ..eval import frozen_refs
+        from ..partners.sources import spec_binding
+
+        self.cfg, self.log = cfg, log
+        self.env_cls = get_env("p4g")
+        self.options = dict(cfg.env.get("options") or {})
+        unknown = sorted(set(self.options) - self.env_cls.option_names())
+        if unknown:
+            raise ConfigError(f"env.options: unknown options {unknown} of p4g")
+        self.options.setdefault("max_turns", 3)
+        self.tasks = self.env_cls.load_tasks("train", **self.options)
+        refs = refs if refs is not None else frozen_refs(cfg.models, {}, cfg.seed)
+        self.agent = spec_binding(cfg.agent, refs[cfg.agent.model])
+        self.sim = spec_binding(cfg.simulator, refs[cfg.simulator.model])
+        self.mutator_binding = spec_binding(cfg.mutator, refs[cfg.mutator.model]) if cfg.mutator else None
+        data_dir = cfg.humans.data_dir or os.environ.get("SCOPE_P4G_DATA")
+        if not data_dir:
+            raise ConfigError("humans.data_dir: set it (or SCOPE_P4G_DATA) to the P4G data directory")
+        h = load_p4g_humans(data_dir, cfg.humans.test_fraction, cfg.humans.split_seed)
+        t = self.options["max_turns"]  # people's dialogues cut to as many turns as a simulated one has
+        self.human_train = [d[:t] for d in h["train"]]
+        test = [d[:t] for d in h["test"]]
+        rng = random.Random(cfg.humans.split_seed)
+        rng.shuffle(test)
+        n_cmp = min(cfg.humans.comparison, len(test) // 3)
+        self.human_comparison, self.human_reference = test[:n_cmp], test[n_cmp:]
+        ref_fp = np.array([fingerprint(d) for d in self.human_reference])
+        self.scale = Standardizer(ref_fp)
+        self.reference = self.scale(ref_fp)
+        if classifier_state is not None:
+            self.classifier = HumanLikeness.from_state(classifier_state["model"])
+            self.classifier_auc = classifier_state["auc"]
+        else:
+            self._train_classifier()
+
+    def _train_classifier(self) -> None:
+        n = self.cfg.search.calibration_dialogues
+        self.log(f"human-likeness: playing {n} dialogues of the default simulator (no persona)")
+        eps = self.play([[{"id": "default", "text": ""}]] * n, seed=self.cfg.seed + 99, per=1)
+        sim_dialogues = [self.partner_turns(e[0][0]) for e in eps if e[0] and e[0][0] is not None]
+        cut = int(len(sim_dialogues) * 0.8)
+        human_turns = [t for d in self.human_train for t in d]
+        sim_train = [t for d in sim_dialogues[:cut] for t in d]
+        sim_test = [t for d in sim_dialogues[cut:] for t in d]
+        if not sim_train or not sim_test:
+            raise RuntimeError("human-likeness: the default simulator produced no turns to train on")
+        feats = lambda ts: np.array([turn_features(x) for x in ts])  # noqa: E731
+        self.classifier = HumanLikeness().fit(feats(human_turns), feats(sim_train))
+        held_h = [t for d in self.human_reference for t in d]
+        self.classifier_auc = auc(self.classifier.prob(feats(held_h)), self.classifier.prob(feats(sim_test)))
+        self.log(f"human-likeness classifier: held-out AUC {self.classifier_auc:.3f} "
+                 f"({len(held_h)} held-out human turns vs {len(sim_test)} default-simulator turns)")
+
+    def classifier_state(self) -> dict[str, Any]:
+        return {"model": self.classifier.state(), "auc": self.classifier_auc}
+
+    @staticmethod
+    def partner_turns(ep) -> list[str]:
+        return [m["content"] for m in ep.messages if m["role"] == "partner"]
+
+    def play(self, populations: list[list[dict[str, Any]]], seed: int, per: int | None = None
+             ) -> list[list[list[Any]]]:
+        """Every persona of every population plays ``dialogues_per_persona`` dialogues (in one batched
+        rollout). Returns, per population, per persona, its episodes (None where one failed)."""
+        from ..partners.sources import Binding
+        from ..rollout import Job, run_rollouts
+        from ..types import Episode
+
+        rng = random.Random(seed)
+        jobs, where = [], []
+        uid = 0
+        per = per or self.cfg.search.dialogues_per_persona
+        for gi, pop in enumerate(populations):
+            for pi, persona in enumerate(pop):
+                note = (self.sim.note + "\n" if self.sim.note else "") + persona["text"]
+                b = Binding(id=f"sim/{persona['id']}", ref=self.sim.ref, sampling=self.sim.sampling, note=note.strip())
+                for c in range(per):
+                    task = self.tasks[rng.randrange(len(self.tasks))]
+                    env = self.env_cls(task, random.Random(rng.random()), **self.options)
+                    jobs.append(Job(env=env, episode=Episode(task_id=task.id, group_id=f"{gi}/{pi}", copy=c),
+                                    refs={"agent": self.agent, "partner": b}, uid=uid))
+                    where.append((gi, pi))
+                    uid += 1
+        episodes, _ = run_rollouts(jobs, max_context=self.cfg.max_context, end_on_truncation=False)
+        out: list[list[list[Any]]] = [[[] for _ in pop] for pop in populations]
+        for (gi, pi), ep in zip(where, episodes):
+            out[gi][pi].append(None if ep.failed else ep)
+        return out
+
+    def score_dialogues(self, dialogues: list[list[str]]) -> dict[str, Any]:
+        """Human-likeness, coverage and density of dialogues (each: one side's turns)."""
+        turns = [t for d in dialogues for t in d]
+        fp = np.array([fingerprint(d) for d in dialogues]) if dialogues else np.zeros((0, len(FEATURES)))
+        dc = density_coverage(self.reference, self.scale(fp), self.cfg.search.k) if len(fp) else \
+            {"density": float("nan"), "coverage": 0.0}
+        mean = fp.mean(0) if len(fp) else np.full(len(FEATURES), np.nan)
+        return {"human": self.classifier.score(turns), "coverage": dc["coverage"], "density": dc["density"],
+                "n_dialogues": len(dialogues), "fingerprint": dict(zip(FEATURES, [float(x) for x in mean]))}
+
+    def score_population(self, personas: list[dict[str, Any]], episodes: list[list[Any]]) -> dict[str, Any]:
+        """Gate each persona on task integrity, then score the accepted ones' dialogues together."""
+        s = self.cfg.search
+        accepted, rejected = [], {}
+        for p, eps in zip(personas, episodes):
+            eps = [e for e in eps if e is not None]
+            reason = None if eps else "every dialogue failed"
+            for e in eps:
+                reason = reason or p4g_integrity(self.partner_turns(e))
+            if reason:
+                rejected[p["id"]] = reason
+            else:
+                accepted.append((p, [self.partner_turns(e) for e in eps]))
+        m = self.score_dialogues([d for _, ds in accepted for d in ds])
+        m["personas"] = len(personas)
+        m["rejected"] = rejected
+        m["reject_frac"] = len(rejected) / max(1, len(personas))
+        m["status"] = "rejected" if m["reject_frac"] > s.max_reject or not accepted else "ok"
+        hum = 0.0 if np.isnan(m["human"]) else m["human"]
+        m["fitness"] = s.human_weight * hum + s.coverage_weight * m["coverage"] if m["status"] == "ok" else float("-inf")
+        m["descriptors"] = [m["fingerprint"][d] for d in s.descriptors]
+        m["accepted_ids"] = [p["id"] for p, _ in accepted]
+        return m
+
+
+def cell_of(desc: list[float], bins: int) -> str:
+    return ",".join(str(min(bins - 1, max(0, int(x * bins)))) if x == x else "nan" for x in desc)
+
+
+# ---- the search ---------------------------------------------------------------------------------------
+def evolve(cfg: PersonaSearchConfig, resume: bool = False, log: Callable[[str], None] = print,
+           refs: dict[str, Any] | None = None, mutator=None) -> dict[str, Any]:
+    from ..config import dump_config  # noqa: F401  (kept for symmetry with train)
+    from ..run import write_atomic
+    from .mutate import ModelMutator, StructuralMutator
+
+    d = cfg.run_dir
+    state_path = os.path.join(d, "state.json")
+    if os.path.exists(state_path) and not resume:
+        raise ConfigError(f"{d} holds a persona search already: continue it with --resume {d}, or set run.dir")
+    os.makedirs(d, exist_ok=True)
+    cfg_text = yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+    if resume:
+        with open(state_path) as f:
+            state = json.load(f)
+        log(f"resuming {d} at generation {state['generation'] + 1} ({len(state['archive'])} elites)")
+    else:
+        state = {"generation": -1, "archive": {}, "history": [], "rng": None, "classifier": None, "rejected": 0}
+        write_atomic(os.path.join(d, "config.yaml"), cfg_text)
+    ev = Evaluator(cfg, refs=refs, classifier_state=state["classifier"], log=log)
+    state["classifier"] = ev.classifier_state()
+    rng = random.Random(cfg.seed)
+    if state["rng"] is not None:
+        rng.setstate((state["rng"][0], tuple(state["rng"][1]), state["rng"][2]))
+    if mutator is None:
+        mutator = ModelMutator(ev.mutator_binding, cfg.rewrite_prob) if ev.mutator_binding else StructuralMutator()
+    s = cfg.search
+    while state["generation"] + 1 <= s.generations:
+        gen = state["generation"] + 1
+        t0 = time.time()
+        elites = [Genome.from_dict(e["genome"]) for e in state["archive"].values()]
+        if gen == 0 or not elites:
+            children = seed_genomes(s.seeds, rng)
+        else:
+            pairs = [(rng.choice(elites), rng.choice(elites) if len(elites) > 1 else None) for _ in range(s.children)]
+            children = mutator(pairs, rng)
+        pops = [c.expand(s.population, random.Random(rng.random())) for c in children]
+        episodes = ev.play(pops, seed=rng.randrange(2 ** 31))
+        placed = 0
+        for c, pop, eps in zip(children, pops, episodes):
+            m = ev.score_population(pop, eps)
+            if m["status"] != "ok":
+                state["rejected"] += 1
+                continue
+            key = cell_of(m["descriptors"], s.bins)
+            old = state["archive"].get(key)
+            if old is None or m["fitness"] > old["metrics"]["fitness"]:
+                state["archive"][key] = {"genome": c.to_dict(), "metrics": m, "generation": gen,
+                                         "personas": [{"id": p["id"], "text": p["text"], "axes": p["axes"]}
+                                                      for p in pop if p["id"] in m["accepted_ids"]]}
+                placed += 1
+        best = max(state["archive"].values(), key=lambda e: e["metrics"]["fitness"], default=None)
+        row = {"generation": gen, "children": len(children), "placed": placed, "elites": len(state["archive"]),
+               "seconds": round(time.time() - t0, 1),
+               "best_fitness": best["metrics"]["fitness"] if best else None,
+               "best_human": best["metrics"]["human"] if best else None,
+               "best_coverage": best["metrics"]["coverage"] if best else None,
+               "mutator": dict(getattr(mutator, "stats", {}))}
+        state["history"].append(row)
+        state["generation"] = gen
+        st = rng.getstate()
+        state["rng"] = [st[0], list(st[1]), st[2]]
+        write_atomic(state_path, json.dumps(state))
+        if best:
+            write_atomic(os.path.join(d, "personas.json"), json.dumps(output(best, ev, cfg), indent=1))
+        log(f"generation {gen}/{s.generations}: {len(children)} generators, {placed} placed, archive "
+            f"{len(state['archive'])} cells" + (f", best fitness {best['metrics']['fitness']:.3f} (human-likeness "
+                                               f"{best['metrics']['human']:.3f}, coverage "
+                                               f"{best['metrics']['coverage']:.3f})" if best else "")
+            + f", {row['seconds']:.0f} s")
+    return state
+
+
+def output(elite: dict[str, Any], ev: Evaluator, cfg: PersonaSearchConfig) -> dict[str, Any]:
+    """The persona file: the personas (``partner.source: persona`` reads ``personas``), the generator that
+    made them and its fitness."""
+    m = elite["metrics"]
+    return {"personas": [{"id": p["id"], "text": p["text"]} for p in elite["personas"]],
+            "generator": elite["genome"],
+            "fitness": {k: m[k] for k in ("fitness", "human", "coverage", "density", "reject_frac", "n_dialogues")},
+            "classifier_auc": ev.classifier_auc, "generation": elite["generation"],
+            "made_by": "scope personas evolve", "simulator": cfg.simulator.model,
+            "models": {k: v.path for k, v in cfg.models.items()}}
+
+
+def score_sets(cfg: PersonaSearchConfig, specs: list[str], dialogues: int = 32, seed: int = 1,
+               run_dir: str | None = None, log: Callable[[str], None] = print,
+               refs: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Fitness of persona sets (a persona file, ``builtin``, ...) and of real held-out humans, each on
+    ``dialogues`` dialogues, with one classifier and one human reference (``run_dir``'s, if given)."""
+    from ..partners.sources import load_personas
+
+    cls_state = None
+    if run_dir:
+        with open(os.path.join(run_dir, "state.json")) as f:
+            cls_state = json.load(f)["classifier"]
+    ev = Evaluator(cfg, refs=refs, classifier_state=cls_state, log=log)
+    rows = []
+    for spec in specs:
+        personas = load_personas(spec)
+        pop = [{"id": f"{personas[i % len(personas)]['id']}#{i}", "text": personas[i % len(personas)]["text"]}
+               for i in range(dialogues)]
+        log(f"scoring {spec}: {len(personas)} personas, {dialogues} dialogues")
+        m = ev.score_population(pop, ev.play([pop], seed=seed, per=1)[0])
+        rows.append({"set": spec, "personas": len(personas)} | {k: m[k] for k in (
+            "human", "coverage", "density", "reject_frac", "n_dialogues", "fingerprint")})
+    humans = ev.human_comparison[:dialogues]
+    m = ev.score_dialogues(humans)
+    rows.append({"set": "real held-out P4G humans", "personas": len(humans), "reject_frac": 0.0}
+                | {k: m[k] for k in ("human", "coverage", "density", "n_dialogues", "fingerprint")})
+    for r in rows:
+        r["classifier_auc"] = ev.classifier_auc
+    return rows
