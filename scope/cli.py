@@ -188,11 +188,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     host, port = srv.server_address
     print(f"serving {args.model} at http://{host}:{port}/v1 (chat completions)"
           + (" (API key required)" if key else ""), flush=True)
-    try:
-        while srv.thread.is_alive():
-            srv.thread.join(0.5)
-    except KeyboardInterrupt:
-        srv.shutdown()
+    srv.wait()
     return 0
 
 

@@ -219,6 +219,14 @@ class Server:
             time.sleep(0.01)
         return self
 
+    def wait(self) -> None:
+        """Block until the server stops; Ctrl-C shuts it down."""
+        try:
+            while self.thread.is_alive():
+                self.thread.join(0.5)
+        except KeyboardInterrupt:
+            self.shutdown()
+
     def shutdown(self) -> None:
         self.server.should_exit = True
         if self.thread is not None:

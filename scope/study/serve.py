@@ -47,9 +47,5 @@ def serve(config: str, host: str | None = None, port: int | None = None) -> int:
           f"({len(cfg.conditions)} conditions x {len(cfg.tasks)} task types; database {cfg.database_url()})"
           + ("" if admin else f"; admin endpoints off ({cfg.study.admin_token_env} not set)")
           + ("" if host in LOOPBACK else "; listening beyond loopback"), flush=True)
-    try:
-        while srv.thread.is_alive():
-            srv.thread.join(0.5)
-    except KeyboardInterrupt:
-        srv.shutdown()
+    srv.wait()
     return 0

@@ -189,13 +189,12 @@ class StudyService:
                 return events
             cap = self.cfg.tasks[sess.task_type].turn_cap()
             n = sess.user_turns + 1
-            update: dict[str, Any] = {"user_turns": n}
-            rt.env.on_reply("partner", text)
+            store.add_turns(self.engine, sess.id, [{"role": "user", "content": text}], {"user_turns": n})
+            rt.env.on_reply("partner", text)  # (stored first: a crash here is replayed on the next visit)
             if rt.env.done:  # the participant's words ended it (tau2 stop words, a P4G marker or its turn cap)
-                update.update(self._ended({"user_stop": "participant", "max_turns": "turn_cap"}.get(
-                    rt.env.end_reason, "env_end")))
-            store.add_turns(self.engine, sess.id, [{"role": "user", "content": text}], update)
-            if rt.env.done:
+                update = self._ended({"user_stop": "participant", "max_turns": "turn_cap"}.get(
+                    rt.env.end_reason, "env_end"))
+                store.update_session(self.engine, sess.id, **update)
                 return events + [{"type": "end", "reason": update["end_reason"]}]
             more, upd = self._agent_loop(sess, rt)
             events += more
