@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo demo-p4g lab lab-quick test test-lab test-soak test-scale test-browser browser-env scale-env gpu-check bench clean
+.PHONY: install demo demo-p4g lab lab-quick test test-lab test-soak test-scale test-browser test-study-pg browser-env scale-env gpu-check bench clean
 
 install: $(STAMP)
 
@@ -71,6 +71,17 @@ browser-env: install
 
 test-browser: browser-env
 	SCOPE_BROWSER_TESTS=1 $(PY) -m pytest -q tests/browser
+
+# The study's API and load tests on PostgreSQL instead of SQLite (row locks instead of BEGIN IMMEDIATE): installs
+# Debian's postgresql when missing (root), starts it on 127.0.0.1 and makes a throwaway database.
+STUDY_PG_URL ?= postgresql+psycopg://scope:scope@127.0.0.1:5432/scope_study
+test-study-pg: install
+	$(PY) -m pip install -q "psycopg[binary]>=3.1"
+	@command -v pg_ctlcluster >/dev/null || (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql)
+	@pg_lsclusters -h | grep -q online || pg_ctlcluster $$(pg_lsclusters -h | awk 'NR==1{print $$1, $$2}') start
+	@su postgres -c "psql -tc \"SELECT 1 FROM pg_roles WHERE rolname='scope'\" | grep -q 1 || psql -c \"CREATE USER scope WITH PASSWORD 'scope'\""
+	@su postgres -c "psql -tc \"SELECT 1 FROM pg_database WHERE datname='scope_study'\" | grep -q 1 || psql -c \"CREATE DATABASE scope_study OWNER scope\""
+	SCOPE_STUDY_TEST_DB=$(STUDY_PG_URL) $(PY) -m pytest -q tests/study
 
 # On a machine with a GPU: a rollout, a training step and the log-prob check on Qwen3-0.6B/4B shapes.
 gpu-check: install

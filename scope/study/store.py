@@ -118,8 +118,21 @@ def choose_cell(counts: dict[tuple[str, str], int], participant_id: str) -> tupl
 def assign(eng, cells: list[tuple[str, str]], participant_id: str, make_session) -> StudySession:
     """In one transaction: lock the cells, pick the least-filled one, count it and insert the session
     that ``make_session(condition, task_type, n_before)`` builds."""
+    from sqlalchemy.exc import OperationalError
+
+    for attempt in range(5):  # a deadlock or serialization failure is retried (the loser's work is rolled back)
+        try:
+            return _assign(eng, cells, participant_id, make_session)
+        except OperationalError as e:
+            if attempt == 4 or not any(w in str(e).lower() for w in ("deadlock", "serializ", "locked")):
+                raise
+            time.sleep(0.05 * (attempt + 1))
+
+
+def _assign(eng, cells, participant_id, make_session) -> StudySession:
     with Session(eng) as s:
-        rows = s.exec(select(Cell).with_for_update()).all()
+        # every arrival locks the cells in the same order, so two never wait on each other in a circle
+        rows = s.exec(select(Cell).order_by(Cell.condition, Cell.task_type).with_for_update()).all()
         counts = {(r.condition, r.task_type): r.n for r in rows if (r.condition, r.task_type) in set(cells)}
         cond, tt = choose_cell(counts, participant_id)
         row = next(r for r in rows if (r.condition, r.task_type) == (cond, tt))

@@ -1,5 +1,6 @@
 """Building study apps for tests: scripted agents, a temporary SQLite database."""
 import json
+import os
 
 from scope.study.config import parse_study
 from scope.study.serve import build
@@ -21,7 +22,18 @@ def gold_script(task):
 
 
 def study_cfg(db, tasks, conditions, **study):
-    return parse_study({"study": {"database": f"sqlite:///{db}", **study}, "tasks": tasks,
+    """A study on the SQLite file ``db``; with SCOPE_STUDY_TEST_DB set (e.g. a PostgreSQL URL), on that
+    database instead, emptied first."""
+    url = os.environ.get("SCOPE_STUDY_TEST_DB")
+    if url:
+        from sqlmodel import SQLModel, create_engine
+
+        from scope.study import store  # noqa: F401  (the tables)
+
+        eng = create_engine(url)
+        SQLModel.metadata.drop_all(eng)
+        eng.dispose()
+    return parse_study({"study": {"database": url or f"sqlite:///{db}", **study}, "tasks": tasks,
                         "conditions": conditions})
 
 

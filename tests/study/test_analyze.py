@@ -75,7 +75,7 @@ def test_analyze_end_to_end(tmp_path):
     from scope.cli import main
 
     out = tmp_path / "report"
-    assert main(["study", "analyze", str(tmp_path / "s.db"), "--out", str(out), "--resamples", "2000"]) == 0
+    assert main(["study", "analyze", cfg.database_url(), "--out", str(out), "--resamples", "2000"]) == 0
     res = json.load(open(out / "analysis.json"))
     r = res["task_types"]["p4g"]
     assert r["n_sessions"] == 12
