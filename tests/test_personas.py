@@ -201,3 +201,19 @@ def test_scope_eval_puts_evolved_persona_simulators_on_a_panel(tmp_path):
     notes = [j.refs["partner"].note for j in jobs]
     assert notes == ["PERSONA-ONE", "PERSONA-TWO", "PERSONA-ONE", "PERSONA-TWO"]
     assert [j.episode.meta["sim_persona"] for j in jobs] == ["p1", "p2", "p1", "p2"]
+
+
+def test_shipped_persona_and_study_configs_validate():
+    import glob
+
+    from scope.personas.search import load_search_config
+    from scope.study.config import load_study
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    cfg = load_search_config(os.path.join(root, "configs", "personas", "evolve.yaml"))
+    assert cfg.env["name"] == "p4g" and cfg.mutator is not None
+    studies = {os.path.basename(f): load_study(f) for f in glob.glob(os.path.join(root, "configs", "study", "*.yaml"))}
+    assert set(studies) >= {"demo.yaml", "paper.yaml"}
+    paper = studies["paper.yaml"]
+    assert list(paper.conditions) == ["base", "rl_single", "vs", "cotrain"] and set(paper.tasks) == {"tau2", "p4g"}
+    assert paper.tasks["tau2"].turn_cap() == 30 and paper.tasks["p4g"].turn_cap() == 10
