@@ -156,7 +156,7 @@ def search_cfg(tmp_path, **search):
         "run": {"dir": str(tmp_path / "ps"), "seed": 0},
         "models": {"policy": {"path": "tiny-random"}},
         "agent": {"model": "policy", "max_new_tokens": 8}, "simulator": {"model": "policy", "max_new_tokens": 8},
-        "mutator": {"model": "policy", "max_new_tokens": 8},
+        "mutator": {"model": "policy", "max_new_tokens": 8}, "expander": {"model": "policy", "max_new_tokens": 8},
         "env": {"name": "p4g", "options": {"max_turns": 2, "personas": "builtin"}},
         "humans": {"data_dir": shared_path("data", "p4g")},
         "search": {"generations": 1, "seeds": 2, "children": 2, "population": 3, "calibration_dialogues": 6,
@@ -217,3 +217,22 @@ def test_shipped_persona_and_study_configs_validate():
     paper = studies["paper.yaml"]
     assert list(paper.conditions) == ["base", "rl_single", "vs", "cotrain"] and set(paper.tasks) == {"tau2", "p4g"}
     assert paper.tasks["tau2"].turn_cap() == 30 and paper.tasks["p4g"].turn_cap() == 10
+
+
+def test_role_play_expansion_through_a_model():
+    from scope.partners.sources import Binding
+    from scope.personas.mutate import expand_with_model
+    from scope.study.agents import ScriptedRef
+    from scope.types import SamplingParams
+
+    g = seed_genomes(1, random.Random(0))[0]
+    pop = g.expand(3, random.Random(1))
+    ok = Binding(id="e", ref=ScriptedRef("e", ["You are Dana, a nurse who counts every dollar."]), sampling=SamplingParams())
+    stats = {}
+    out = expand_with_model(pop, ok, stats)
+    assert [p["text"] for p in out] == ["You are Dana, a nurse who counts every dollar."] * 3
+    assert [p["template_text"] for p in out] == [p["text"] for p in pop] and stats == {"expanded": 3}
+    bad = Binding(id="e", ref=ScriptedRef("e", ["{}"]), sampling=SamplingParams())
+    stats = {}
+    out = expand_with_model(pop, bad, stats)
+    assert [p["text"] for p in out] == [p["text"] for p in pop] and stats == {"expand_refused": 3}

@@ -93,3 +93,28 @@ class ModelMutator(StructuralMutator):
             children[i] = c
             self.stats["rewrites"] += 1
         return children
+
+
+EXPAND_PROMPT = (
+    "Turn these role-play instructions into a short character description of one person, addressed to "
+    "them as 'You', two sentences at most, keeping every instruction. Reply with the description only.\n\n"
+    "Instructions: {text}")
+
+
+def expand_with_model(personas: list[dict[str, Any]], binding: Any, stats: dict[str, int] | None = None
+                      ) -> list[dict[str, Any]]:
+    """Role-play expansion through a model: each persona's assembled instructions rewritten as a short
+    character description (``text``; the template's text is kept in ``template_text``). A failed or
+    refused reply keeps the template's text, counted in ``stats``."""
+    from ..rollout import _chat
+
+    stats = stats if stats is not None else {}
+    outs = _chat(binding.ref, [[{"role": "user", "content": EXPAND_PROMPT.format(text=p["text"])}] for p in personas],
+                 binding.sampling)
+    res = []
+    for p, out in zip(personas, outs):
+        text = None if isinstance(out, BaseException) else clean_reply(out.text)
+        key = "expanded" if text else ("expand_failed" if isinstance(out, BaseException) else "expand_refused")
+        stats[key] = stats.get(key, 0) + 1
+        res.append(dict(p, text=text or p["text"], template_text=p["text"]))
+    return res

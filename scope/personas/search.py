@@ -74,6 +74,9 @@ class PersonaSearchConfig(Strict):
     mutator: PartnerSpec | None = PartnerSpec(max_new_tokens=64, temperature=0.9)
     """The model that rewrites generator texts; null: structural operators only."""
     rewrite_prob: float = Field(0.7, ge=0, le=1)
+    expander: PartnerSpec | None = None
+    """A model that turns each persona's assembled instructions into a short character description
+    (role-play expansion through a model); null: the role-play template's text is the persona."""
     env: dict[str, Any] = {"name": "p4g", "options": {"max_turns": 3, "personas": "builtin"}}
     humans: HumansConfig = HumansConfig()
     search: SearchConfig = SearchConfig()
@@ -87,7 +90,7 @@ class PersonaSearchConfig(Strict):
             raise ValueError("env.name: the search needs real human dialogues to score against, and the only "
                              "ones at hand are P4G's: use p4g (tau2 personas can be gated with "
                              "fitness.tau2_integrity, not yet searched)")
-        for spec in [self.agent, self.simulator] + ([self.mutator] if self.mutator else []):
+        for spec in [self.agent, self.simulator] + [x for x in (self.mutator, self.expander) if x]:
             if spec.model not in self.models:
                 raise ValueError(f"model {spec.model!r} is not defined in models")
         return self
@@ -138,6 +141,8 @@ class Evaluator:
         self.agent = spec_binding(cfg.agent, refs[cfg.agent.model])
         self.sim = spec_binding(cfg.simulator, refs[cfg.simulator.model])
         self.mutator_binding = spec_binding(cfg.mutator, refs[cfg.mutator.model]) if cfg.mutator else None
+        self.expander = spec_binding(cfg.expander, refs[cfg.expander.model]) if cfg.expander else None
+        self.expand_stats: dict[str, int] = {}
         data_dir = cfg.humans.data_dir or os.environ.get("SCOPE_P4G_DATA")
         if not data_dir:
             raise ConfigError("humans.data_dir: set it (or SCOPE_P4G_DATA) to the P4G data directory")
@@ -289,6 +294,11 @@ def evolve(cfg: PersonaSearchConfig, resume: bool = False, log: Callable[[str], 
             pairs = [(rng.choice(elites), rng.choice(elites) if len(elites) > 1 else None) for _ in range(s.children)]
             children = mutator(pairs, rng)
         pops = [c.expand(s.population, random.Random(rng.random())) for c in children]
+        if ev.expander is not None:
+            from .mutate import expand_with_model
+
+            flat = expand_with_model([p for pop in pops for p in pop], ev.expander, ev.expand_stats)
+            pops = [flat[i * s.population:(i + 1) * s.population] for i in range(len(pops))]
         episodes = ev.play(pops, seed=rng.randrange(2 ** 31))
         placed = 0
         for c, pop, eps in zip(children, pops, episodes):
@@ -309,7 +319,7 @@ def evolve(cfg: PersonaSearchConfig, resume: bool = False, log: Callable[[str], 
                "best_fitness": best["metrics"]["fitness"] if best else None,
                "best_human": best["metrics"]["human"] if best else None,
                "best_coverage": best["metrics"]["coverage"] if best else None,
-               "mutator": dict(getattr(mutator, "stats", {}))}
+               "mutator": dict(getattr(mutator, "stats", {})), "expander": dict(ev.expand_stats)}
         state["history"].append(row)
         state["generation"] = gen
         st = rng.getstate()
