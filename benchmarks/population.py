@@ -53,6 +53,7 @@ def child(mode: str, steps: int, out: str) -> None:
     def sample(step):
         with open("/proc/self/statm") as f:
             rss.append(int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20)
+        print(f"  {mode} step {len(rss)}: resident {rss[-1]:.0f} MB", file=sys.stderr, flush=True)  # progress
 
     with tempfile.TemporaryDirectory() as d:
         train(parse_config(config(mode, os.path.join(d, "run"), steps)), on_step_end=sample, log=lambda s: None)
