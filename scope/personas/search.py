@@ -259,7 +259,6 @@ def cell_of(desc: list[float], bins: int) -> str:
 # ---- the search ---------------------------------------------------------------------------------------
 def evolve(cfg: PersonaSearchConfig, resume: bool = False, log: Callable[[str], None] = print,
            refs: dict[str, Any] | None = None, mutator=None) -> dict[str, Any]:
-    from ..config import dump_config  # noqa: F401  (kept for symmetry with train)
     from ..run import write_atomic
     from .mutate import ModelMutator, StructuralMutator
 

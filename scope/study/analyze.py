@@ -239,8 +239,6 @@ def plots(res: dict[str, Any], conditions: list[str], out: str) -> list[str]:
 def run(db: str, out: str, conditions: list[str] | None = None, comparisons: list[tuple[str, str]] | None = None,
         outcomes: list[str] | None = None, resamples: int = 10_000, seed: int = 0) -> dict[str, Any]:
     """Analyse the study database ``db`` (a path to a SQLite file or an SQLAlchemy URL) into ``out``."""
-    from .app import EXPORTS, csv_text
-
     url = db if "://" in db else f"sqlite:///{os.path.abspath(db)}"
     if "://" not in db and not os.path.exists(db):
         raise FileNotFoundError(f"study database {db} not found")
@@ -257,9 +255,9 @@ def run(db: str, out: str, conditions: list[str] | None = None, comparisons: lis
     with open(os.path.join(out, "report.md"), "w") as f:
         f.write(markdown(res, conditions))
     plots(res, conditions, out)
-    for t in EXPORTS:
+    for t in store.EXPORTS:
         with open(os.path.join(out, f"{t}.csv"), "w") as f:
-            f.write(csv_text(eng, t))
+            f.write(store.csv_text(eng, t))
     cols = sorted({k for r in rows for k in r})
     import csv
 

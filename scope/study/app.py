@@ -9,9 +9,7 @@ server. ``/api/admin/...`` needs ``Authorization: Bearer <admin token>``.
 """
 from __future__ import annotations
 
-import csv
 import hmac
-import io
 import json
 import os
 import re
@@ -148,27 +146,12 @@ def make_app(service: StudyService, admin_token: str | None = None) -> FastAPI:
     @app.get("/api/admin/export/{table}.csv")
     def export(table: str, request: Request):
         admin(request)
-        if table not in EXPORTS:
-            raise StudyError(404, f"no table {table!r}; have {sorted(EXPORTS)}")
-        return Response(csv_text(service.engine, table), media_type="text/csv")
+        if table not in store.EXPORTS:
+            raise StudyError(404, f"no table {table!r}; have {sorted(store.EXPORTS)}")
+        return Response(store.csv_text(service.engine, table), media_type="text/csv")
 
     return app
 
 
 def sse(obj: dict) -> str:
     return f"data: {json.dumps(obj)}\n\n"
-
-
-EXPORTS = ("sessions", "turns", "surveys")
-
-
-def csv_text(engine, table: str) -> str:
-    sessions, turns, surveys = store.all_rows(engine)
-    rows = {"sessions": sessions, "turns": turns, "surveys": surveys}[table]
-    cols = list({"sessions": store.StudySession, "turns": store.Turn, "surveys": store.Survey}[table].model_fields)
-    buf = io.StringIO()
-    w = csv.writer(buf)
-    w.writerow(cols)
-    for r in rows:
-        w.writerow([getattr(r, c) for c in cols])
-    return buf.getvalue()

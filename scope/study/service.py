@@ -86,14 +86,10 @@ class StudyService:
                 raise StudyError(409, "this participant already has a session in this study") from None
             return sess
         if sess.env != "p4g":  # tau2: the agent's greeting opens the chat, as in the environment
-            store.add_turns(self.engine, sess.id, [{"role": "agent", "content": self._env_greeting(sess),
-                                                    "kind": "greeting"}])
+            from ..envs.tau2.env import GREETING
+
+            store.add_turns(self.engine, sess.id, [{"role": "agent", "content": GREETING, "kind": "greeting"}])
         return sess
-
-    def _env_greeting(self, sess) -> str:
-        from ..envs.tau2.env import GREETING
-
-        return GREETING
 
     # ---- the live environment ----------------------------------------------------------------------
     def runtime(self, sess: store.StudySession) -> Runtime:

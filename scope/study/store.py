@@ -229,3 +229,22 @@ def all_rows(eng) -> tuple[list[StudySession], list[Turn], list[Survey]]:
         return (list(s.exec(select(StudySession).order_by(StudySession.created_at)).all()),
                 list(s.exec(select(Turn).order_by(Turn.session_id, Turn.idx)).all()),
                 list(s.exec(select(Survey)).all()))
+
+
+EXPORTS = ("sessions", "turns", "surveys")
+
+
+def csv_text(eng, table: str) -> str:
+    """One table (``EXPORTS``) as CSV, every column."""
+    import csv
+    import io
+
+    sessions, turns, surveys = all_rows(eng)
+    rows = {"sessions": sessions, "turns": turns, "surveys": surveys}[table]
+    cols = list({"sessions": StudySession, "turns": Turn, "surveys": Survey}[table].model_fields)
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(cols)
+    for r in rows:
+        w.writerow([getattr(r, c) for c in cols])
+    return buf.getvalue()
