@@ -9,8 +9,10 @@ import json
 import secrets
 import threading
 import time
+from collections import OrderedDict
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 from . import store
 from .agents import StudyAgent, TaskBank, env_seed
@@ -43,7 +45,7 @@ class StudyService:
     def __init__(self, cfg: StudyConfig, engine, agents: dict[tuple[str, str], StudyAgent], bank: TaskBank,
                  secret: bytes):
         self.cfg, self.engine, self.agents, self.bank, self.secret = cfg, engine, agents, bank, secret
-        self.runtimes: dict[str, Runtime] = {}
+        self.runtimes: OrderedDict[str, Runtime] = OrderedDict()  # least recently used first
         self.runtimes_lock = threading.Lock()
         store.ensure_cells(engine, cfg.cells())
 
@@ -92,14 +94,48 @@ class StudyService:
         return sess
 
     # ---- the live environment ----------------------------------------------------------------------
-    def runtime(self, sess: store.StudySession) -> Runtime:
-        """The session's environment, rebuilt from its stored turns when this process does not hold it."""
-        with self.runtimes_lock:
-            rt = self.runtimes.get(sess.id)
-            if rt is None:
-                rt = Runtime(env=self.rebuild(sess, store.session_turns(self.engine, sess.id)))
-                self.runtimes[sess.id] = rt
-        return rt
+    @contextmanager
+    def held(self, sess: store.StudySession) -> Iterator[tuple[Runtime, store.StudySession]]:
+        """The session's environment with its lock held, and the session as stored now. The environment of
+        an active session is rebuilt from the stored turns when this process does not hold it (a restart,
+        or it was evicted).
+        Once the session has ended its environment is dropped; beyond ``study.max_live_sessions``, the
+        least recently used idle ones are dropped too (rebuilt if their participant comes back)."""
+        while True:
+            with self.runtimes_lock:
+                rt = self.runtimes.get(sess.id)
+                if rt is None:
+                    rt = self.runtimes[sess.id] = Runtime(env=None)
+                self.runtimes.move_to_end(sess.id)
+                self._evict_idle()
+            with rt.lock:
+                if self.runtimes.get(sess.id) is not rt:  # evicted while this thread waited: take the new one
+                    continue
+                now = store.get_session(self.engine, sess.id)
+                if rt.env is None and now.status == "active":  # (an ended session's is never needed again)
+                    rt.env = self.rebuild(now, store.session_turns(self.engine, sess.id))
+                try:
+                    yield rt, now
+                finally:
+                    if store.get_session(self.engine, sess.id).status != "active":
+                        with self.runtimes_lock:
+                            if self.runtimes.get(sess.id) is rt:
+                                del self.runtimes[sess.id]
+                return
+
+    def _evict_idle(self) -> None:
+        """(runtimes_lock held) Drop the least recently used environments nobody is using, down to the cap."""
+        over = len(self.runtimes) - self.cfg.study.max_live_sessions
+        for sid in list(self.runtimes)[:-1]:  # never the one just asked for (last)
+            if over <= 0:
+                return
+            rt = self.runtimes[sid]
+            if rt.lock.acquire(blocking=False):
+                try:
+                    del self.runtimes[sid]
+                    over -= 1
+                finally:
+                    rt.lock.release()
 
     def rebuild(self, sess: store.StudySession, turns: list[store.Turn]):
         agent = self.agents[(sess.condition, sess.task_type)]
@@ -157,9 +193,7 @@ class StudyService:
 
     def catch_up(self, sess: store.StudySession) -> list[dict]:
         """Run the agent where it owes a reply (a new P4G session; a reply lost to a restart)."""
-        rt = self.runtime(sess)
-        with rt.lock:
-            sess = store.get_session(self.engine, sess.id)
+        with self.held(sess) as (rt, sess):
             if sess.status != "active":
                 return []
             events, _ = self._agent_loop(sess, rt)
@@ -174,9 +208,7 @@ class StudyService:
             raise StudyError(413, f"message over {self.cfg.study.max_message_chars} characters")
         if text.lower() == "/stop":
             return self.end(sess)
-        rt = self.runtime(sess)
-        with rt.lock:
-            sess = store.get_session(self.engine, sess.id)
+        with self.held(sess) as (rt, sess):
             if sess.status != "active":
                 raise StudyError(409, "this chat has ended")
             events, _ = self._agent_loop(sess, rt)  # a reply owed from before (a restart in the middle)
@@ -202,9 +234,7 @@ class StudyService:
 
     def end(self, sess: store.StudySession) -> list[dict]:
         """The participant ends the chat (the End button, or /stop)."""
-        rt = self.runtime(sess)
-        with rt.lock:
-            sess = store.get_session(self.engine, sess.id)
+        with self.held(sess) as (rt, sess):
             if sess.status != "active":
                 return []
             update = self._ended("participant")

@@ -288,6 +288,28 @@ def test_a_reply_owed_when_the_server_died_is_made_on_resume(tmp_path):
     assert again["messages"][-1]["text"].endswith("You said: hi there")
 
 
+def test_live_environments_are_capped_and_dropped_when_a_session_ends(tmp_path):
+    cfg = study_cfg(tmp_path / "s.db", {"p4g": P4G},
+                    {"a": {"p4g": {"scripted": ["Would you give? You said: {last_user}"]}}})
+    cfg.study.max_live_sessions = 2
+    c = TestClient(make(cfg))
+    svc = c.app.state.service
+    people = [start(c, f"P{i}", session=f"X{i}") for i in range(4)]
+    for i, (st, h) in enumerate(people):
+        say(c, st, h, f"first {i}")
+    assert len(svc.runtimes) == 2  # the two most recent; the others were evicted while idle
+    assert list(svc.runtimes) == [people[2][0]["session"], people[3][0]["session"]]
+    st, h = people[0]  # an evicted session goes on where it was: its environment is rebuilt from the turns
+    evs = say(c, st, h, "second 0")
+    assert [e["text"] for e in evs if e["type"] == "message"] == ["Would you give? You said: second 0"]
+    env = svc.runtimes[st["session"]].env
+    assert [m["content"] for m in env.views["partner"] if m["role"] == "user"][-2:] == \
+        ["Would you give? You said: first 0", "Would you give? You said: second 0"]
+    c.post(f"/api/session/{st['session']}/end", headers=h)
+    assert st["session"] not in svc.runtimes and len(svc.runtimes) == 1  # an ended session holds nothing
+    assert c.post(f"/api/session/{st['session']}/message", json={"text": "more"}, headers=h).status_code == 409
+
+
 def test_transfer_to_a_human_ends_the_session(tmp_path, tau2_dir):
     script = [tool_call("transfer_to_human_agents", {"summary": "customer wants a human"}),
               "You are being transferred."]
