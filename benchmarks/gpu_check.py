@@ -84,8 +84,7 @@ def check(shape: str, device: str, rows: int, new: int, prompt_len: int) -> dict
     with torch.no_grad(), b.using("agent"):
         for tr in traces[:4]:
             ids, att, sel, old = (x.to(dev) for x in learner._batch([tr]))
-            lg = learner._token_logits(b.model, ids, att, sel)
-            lp = torch.log_softmax(lg, -1).gather(-1, ids[sel][:, None])[:, 0]
+            lp = learner._token_logprobs(b.model, ids, att, sel)[0]
             gap = max(gap, float((lp - old).abs().max()))
     _sync(dev)
     t = time.perf_counter()

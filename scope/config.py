@@ -220,7 +220,7 @@ class TrainConfig(Strict):
     eps_high: float = Field(0.28, gt=0, lt=1)
     kl_coef: float = Field(0.005, ge=0)
     grad_clip: float = Field(1.0, gt=0)
-    micro_batch_tokens: int = Field(4096, ge=16)
+    micro_batch_tokens: int = Field(1024, ge=16)
     num_minibatches: int = Field(1, ge=1)
     success_threshold: float = 1.0
     """A group is all-success when every reward is >= this, all-failure when every reward is <= 0."""

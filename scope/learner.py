@@ -5,6 +5,10 @@ with zero std get 0 and are counted). Per token: clipped importance ratio agains
 log-probs (eps_low / eps_high), plus an optional k3 KL to the frozen reference; the loss is the
 mean over all trainable tokens of the batch. AdamW, gradient-norm clip, micro-batches with gradient
 accumulation. Log-probs are of logits / temperature, the distribution the rollout sampled from.
+
+The output layer is applied a few hundred tokens at a time (``token_logprobs``): the [tokens, vocab]
+logits of a whole micro-batch, and the four or five copies of them that a plain log-softmax with
+autograd keeps, never exist at once; the backward pass recomputes each chunk's logits.
 """
 from __future__ import annotations
 
@@ -15,6 +19,66 @@ import torch
 
 from .models.local import LocalBackend, clone_frozen
 from .types import Episode, Trace
+
+
+# ---- log-probs of chosen tokens, the output layer applied in chunks ---------------------------
+HEAD_CHUNK = 256  # rows of the output layer per chunk: [256, vocab] float32 is 48 MB at vocab 49k
+
+
+class _ChunkedLogProbs(torch.autograd.Function):
+    """log p(target) and the entropy (no gradient) of softmax((h W^T + b) / T), row chunk by row chunk."""
+
+    @staticmethod
+    def forward(ctx, h, weight, bias, targets, temperature: float, chunk: int):
+        logp = torch.empty(h.shape[0], dtype=torch.float32, device=h.device)
+        ent = torch.empty_like(logp)
+        lse = torch.empty_like(logp)
+        for s in range(0, h.shape[0], chunk):
+            z = torch.nn.functional.linear(h[s:s + chunk], weight, bias).float() / temperature
+            lse[s:s + chunk] = l = torch.logsumexp(z, -1)
+            logp[s:s + chunk] = z.gather(-1, targets[s:s + chunk, None])[:, 0] - l
+            ent[s:s + chunk] = l - (torch.softmax(z, -1) * z).sum(-1)
+        ctx.save_for_backward(h, weight, bias, targets, lse)
+        ctx.temperature, ctx.chunk = temperature, chunk
+        ctx.mark_non_differentiable(ent)
+        return logp, ent
+
+    @staticmethod
+    def backward(ctx, g_logp, _g_ent):
+        h, weight, bias, targets, lse = ctx.saved_tensors
+        want_h, want_w, want_b = ctx.needs_input_grad[:3]
+        gh = torch.empty_like(h) if want_h else None
+        gw = torch.zeros_like(weight, dtype=torch.float32) if want_w else None
+        gb = torch.zeros_like(bias, dtype=torch.float32) if want_b else None
+        for s in range(0, h.shape[0], ctx.chunk):
+            hc, g = h[s:s + ctx.chunk], g_logp[s:s + ctx.chunk].float()
+            z = torch.nn.functional.linear(hc, weight, bias).float() / ctx.temperature
+            # d log p(t) / dz = onehot(t) - softmax(z), scaled by the incoming gradient and 1/T
+            dz = torch.exp(z - lse[s:s + ctx.chunk, None]).mul_(-g[:, None])
+            dz.scatter_add_(-1, targets[s:s + ctx.chunk, None], g[:, None])
+            dz.div_(ctx.temperature)
+            if want_h:
+                gh[s:s + ctx.chunk] = dz.to(h.dtype) @ weight
+            if want_w:
+                gw += dz.t() @ hc.float()
+            if want_b:
+                gb += dz.sum(0)
+        return (gh, gw.to(weight.dtype) if want_w else None, gb.to(bias.dtype) if want_b else None,
+                None, None, None)
+
+
+def token_logprobs(head, h: torch.Tensor, targets: torch.Tensor, temperature: float,
+                   chunk: int = HEAD_CHUNK) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log-prob of each target, entropy of each row) under softmax(head(h) / temperature), float32.
+
+    A plain ``nn.Linear`` head goes through the chunked function; any other head (an adapter on the
+    output layer, say) is applied whole."""
+    if type(head) is torch.nn.Linear:
+        return _ChunkedLogProbs.apply(h, head.weight, head.bias, targets, temperature, chunk)
+    logp_all = torch.log_softmax(head(h).float() / temperature, -1)
+    with torch.no_grad():
+        ent = -(logp_all.exp() * logp_all).sum(-1)
+    return logp_all.gather(-1, targets[:, None])[:, 0], ent
 
 
 # ---- advantages -------------------------------------------------------------------------------
@@ -82,7 +146,7 @@ class LearnerConfig:
     eps_high: float = 0.28
     kl_coef: float = 0.005
     grad_clip: float = 1.0
-    micro_batch_tokens: int = 4096
+    micro_batch_tokens: int = 1024
     num_minibatches: int = 1
     temperature: float = 0.7
 
@@ -100,11 +164,11 @@ class Learner:
             self.ref_model = clone_frozen(backend.model)
 
     # -- log-probs of the tokens a role generated, computed only where mask == 1 --
-    def _token_logits(self, model, ids: torch.Tensor, att: torch.Tensor, sel: torch.Tensor) -> torch.Tensor:
+    def _token_logprobs(self, model, ids: torch.Tensor, att: torch.Tensor, sel: torch.Tensor):
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         hidden = base.get_decoder()(input_ids=ids, attention_mask=att).last_hidden_state
         h = hidden[:, :-1][sel[:, 1:]]  # position t-1 predicts token t
-        return base.get_output_embeddings()(h).float() / self.cfg.temperature  # float32 log-probs on any dtype
+        return token_logprobs(base.get_output_embeddings(), h, ids[sel], self.cfg.temperature)
 
     def _batch(self, traces: Sequence[Trace]):
         L = max(len(t.token_ids) for t in traces)
@@ -146,6 +210,7 @@ class Learner:
         minibatches = [items[k::n_mb] for k in range(n_mb)]
         agg: dict[str, float] = {}
         tot_tokens = 0
+        release_free_memory()  # what the rollout freed (its KV slabs) is not reused by the update's buffers
         self.backend.model.train()
         for p in self.params:  # PEFT's set_adapter turns every other adapter's requires_grad off
             p.requires_grad_(True)
@@ -182,23 +247,17 @@ class Learner:
         ids, att, sel, old = (x.to(dev) for x in self._batch(traces))
         adv = torch.cat([torch.full((int(sel[i].sum()),), float(a)) for i, (_, a) in enumerate(micro)]).to(dev)
         model = self.backend.model
-        targets = ids[sel]
         ref_logp = None
         if cfg.kl_coef > 0:
             with torch.no_grad():
                 if self.ref_model is not None:
-                    ref_logits = self._token_logits(self.ref_model, ids, att, sel)
+                    ref_logp = self._token_logprobs(self.ref_model, ids, att, sel)[0]
                 else:
                     with self.backend.using(None):
-                        ref_logits = self._token_logits(model, ids, att, sel)
-                ref_logp = torch.log_softmax(ref_logits, -1).gather(-1, targets[:, None])[:, 0]
+                        ref_logp = self._token_logprobs(model, ids, att, sel)[0]
         # the adapter stays active through backward: switching adapters changes which weights require grad
         with self.backend.using(self.adapter):
-            logits = self._token_logits(model, ids, att, sel)
-            logp_all = torch.log_softmax(logits, dim=-1)
-            logp = logp_all.gather(-1, targets[:, None])[:, 0]
-            with torch.no_grad():
-                entropy = -(logp_all.exp() * logp_all).sum(-1)
+            logp, entropy = self._token_logprobs(model, ids, att, sel)
             ratio = torch.exp(logp - old)
             pg1 = ratio * adv
             pg2 = ratio.clamp(1 - cfg.eps_low, 1 + cfg.eps_high) * adv
@@ -228,8 +287,9 @@ class Learner:
 
 
 def release_free_memory() -> None:
-    """Hand freed heap pages back to the OS (glibc ``malloc_trim``). The large, differently shaped
-    buffers of an update otherwise stay resident, and the next learner's update stacks on top."""
+    """Hand freed heap pages back to the OS (glibc ``malloc_trim``), before and after each update. The
+    large, differently shaped buffers of a rollout or an update otherwise stay resident, and the next
+    update stacks on top of them."""
     global _TRIM
     if _TRIM is None:
         try:

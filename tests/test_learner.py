@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from scope.config import parse_config
-from scope.learner import Learner, LearnerConfig, group_advantages
+from scope.learner import Learner, LearnerConfig, group_advantages, token_logprobs
 from scope.models.local import ModelRef, load_tokenizer, tiny_backend
 from scope.run import read_metrics
 from scope.train import train
@@ -39,6 +39,41 @@ def test_group_zscore_and_counts():
 def test_single_member_group_gets_zero_not_nan():
     adv, st = group_advantages([ep("a", 0.3)], "agent")
     assert adv == [0.0] and st.zero_variance == 1
+
+
+@pytest.mark.parametrize("bias,dtype", [(False, torch.float32), (True, torch.float32), (False, torch.bfloat16)])
+def test_chunked_output_layer_matches_a_plain_log_softmax(bias, dtype):
+    """The chunked log-probs, entropies and gradients (hidden states, weight, bias) equal those of
+    log_softmax(head(h).float() / T) with autograd, including chunks that do not divide the rows."""
+    g = torch.Generator().manual_seed(0)
+    head = torch.nn.Linear(24, 301, bias=bias).to(dtype)
+    h0 = torch.randn(37, 24, generator=g).to(dtype)
+    tgt = torch.randint(0, 301, (37,), generator=g)
+    w_out = torch.randn(37, generator=g)
+
+    def grads(fn):
+        head.zero_grad()
+        h = h0.clone().requires_grad_(True)
+        logp, ent = fn(h)
+        (logp * w_out).sum().backward()
+        return logp.detach(), ent, h.grad, head.weight.grad.clone(), head.bias.grad.clone() if bias else None
+
+    def plain(h):
+        lp = torch.log_softmax(head(h).float() / 0.7, -1)
+        return lp.gather(-1, tgt[:, None])[:, 0], -(lp.exp() * lp).sum(-1).detach()
+
+    want = grads(plain)
+    got = grads(lambda h: token_logprobs(head, h, tgt, 0.7, chunk=8))
+    tol = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-5)
+    for a, b in zip(got, want):
+        if b is not None:
+            assert a.dtype == b.dtype
+            torch.testing.assert_close(a.float(), b.float(), **tol)
+    head.zero_grad()
+    head.weight.requires_grad_(False)  # a frozen head (LoRA): no weight gradient is made
+    h = h0.clone().requires_grad_(True)
+    token_logprobs(head, h, tgt, 0.7, chunk=8)[0].sum().backward()
+    assert head.weight.grad is None and h.grad is not None
 
 
 def _trace(tok_ids, mask, lps):
@@ -114,8 +149,7 @@ def test_update_raises_log_prob_of_positive_advantage_sequences(char_backend):
     def seq_lp(t):
         ids, att, sel, _ = learner._batch([t])
         with torch.no_grad():
-            lg = learner._token_logits(char_backend.model, ids, att, sel)
-        return float(torch.log_softmax(lg, -1).gather(-1, ids[sel][:, None]).sum())
+            return float(learner._token_logprobs(char_backend.model, ids, att, sel)[0].sum())
 
     before = [seq_lp(t) for t in trs]
     out = learner.update(trs, adv)
