@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import subprocess
 import sys
 import threading
 import time
 
-from report import report  # benchmarks/report.py (a script's own directory is on sys.path)
+from report import report, rss_mb  # benchmarks/report.py (a script's own directory is on sys.path)
 
 
 def child(size: int) -> dict:
@@ -30,17 +29,11 @@ def child(size: int) -> dict:
     from scope.types import Trace
 
     torch.set_num_threads(2)
-    page = os.sysconf("SC_PAGE_SIZE") / 2 ** 20
-
-    def rss() -> float:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * page
-
     peak = [0.0]
 
     def sample() -> None:
         while True:
-            peak[0] = max(peak[0], rss())
+            peak[0] = max(peak[0], rss_mb())
             time.sleep(0.003)
 
     threading.Thread(target=sample, daemon=True).start()
@@ -56,7 +49,7 @@ def child(size: int) -> dict:
     out = {}
     for rep in range(2):
         release_free_memory()
-        before = peak[0] = rss()
+        before = peak[0] = rss_mb()
         t = time.perf_counter()
         learner.update(traces, [1.0 if i % 2 else -1.0 for i in range(16)])
         out = {"seconds": time.perf_counter() - t, "transient_mb": peak[0] - before, "peak_mb": peak[0],

@@ -22,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from report import report  # benchmarks/report.py (a script's own directory is on sys.path)
+from report import report, rss_mb  # benchmarks/report.py (a script's own directory is on sys.path)
 
 
 def config(mode: str, run_dir: str, steps: int) -> dict:
@@ -51,8 +51,7 @@ def child(mode: str, steps: int, out: str) -> None:
     rss = []  # resident set after each step (MB)
 
     def sample(step):
-        with open("/proc/self/statm") as f:
-            rss.append(int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20)
+        rss.append(rss_mb())
         print(f"  {mode} step {len(rss)}: resident {rss[-1]:.0f} MB", file=sys.stderr, flush=True)  # progress
 
     with tempfile.TemporaryDirectory() as d:
