@@ -34,7 +34,7 @@ def main() -> None:
     from scope.train import train
 
     torch.set_num_threads(2)
-    phase, peaks, starts = ["start"], {}, {}
+    phase, peaks, starts = ["rollout"], {}, {}  # phase: what the sampler charges the resident set to
 
     def sample() -> None:
         while True:
@@ -64,10 +64,9 @@ def main() -> None:
             s = starts.get(k, 0.0)
             parts.append(f"{k} start {s:.0f} peak {peaks[k]:.0f} transient {peaks[k] - s:.0f}")
         print(f"{a.mode} step {step}: resident {rss_mb():.0f} MB | " + " | ".join(parts), flush=True)
-        peaks.clear(), starts.clear()
-        phase[0] = "rollout"
+        peaks.clear()
+        starts.clear()
 
-    phase[0] = "rollout"
     with tempfile.TemporaryDirectory() as d:
         train(parse_config(config(a.mode, os.path.join(d, "run"), a.steps)), on_step_end=end, log=lambda s: None)
 
