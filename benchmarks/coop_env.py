@@ -22,11 +22,15 @@ def main() -> None:
     ap.add_argument("--calls", type=int, default=200)
     a = ap.parse_args()
     from scope.envs.coop.evaluate import evaluate_pair
-    from scope.envs.coop.sandbox import Limits, Sandbox
+    from scope.envs.coop.sandbox import Limits, Sandbox, make_workspace, remove_workspace
     from scope.envs.coop.tasks import load_pairs
 
-    with tempfile.TemporaryDirectory() as ws:
+    with tempfile.TemporaryDirectory() as d:
+        ws = make_workspace(d + "/ws")  # as an episode makes it: a tmpfs with its quota where root may mount
         box = Sandbox(ws, Limits(wall_seconds=30))
+        print(f"workspace quota held by {'a tmpfs' if box.kernel_quota else 'a running total'}; "
+              f"{'a second bubblewrap with a user namespace' if box.nested_userns else 'no nested user namespace'}",
+              flush=True)
         rates = {}
         for cmd in ("true", "ls"):
             t = time.perf_counter()
@@ -42,6 +46,7 @@ def main() -> None:
             print(f"{cmd!r}: {sandboxed:.0f} calls/s sandboxed ({1000 / sandboxed:.1f} ms a call), "
                   f"{plain:.0f} calls/s as plain subprocesses ({1000 / plain:.1f} ms); ratio {plain / sandboxed:.1f}x",
                   flush=True)
+        remove_workspace(ws)
     pairs = [p for p in load_pairs(None, "train") if p.id.startswith("textkit_task/")]
     t = time.perf_counter()
     outcomes = []

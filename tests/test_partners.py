@@ -304,6 +304,40 @@ def test_scope_serve_limits_what_a_client_can_ask(server):
     assert _post(url, (b"x" * 65536 for _ in range(40)))[0] == 413  # chunked: no Content-Length
 
 
+def test_scope_serve_answers_400_to_settings_of_the_wrong_kind(server):
+    url = server + "/chat/completions"
+    msg = [{"role": "user", "content": "hi"}]
+    bad = [b'{"messages": [{"role": "user", "content": "hi"}], "temperature": NaN}',
+           b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": Infinity}',
+           b'{"messages": [{"role": "user", "content": "hi"}], "top_p": -Infinity}',
+           b"[" * 100_000 + b"]" * 100_000]
+    for body in bad:
+        code, r = _post(url, body)
+        assert code == 400, (body[:80], code, r)
+    for extra in ({"n": 1.5}, {"n": True}, {"max_tokens": 2.5}, {"max_tokens": "8"}, {"temperature": "hot"},
+                  {"stop": [1, 2]}, {"top_p": 0}):
+        code, r = _post(url, {"messages": msg, **extra})
+        assert code == 400, (extra, code, r)
+    assert _post(url, {"messages": msg, "max_tokens": 2, "n": 1, "temperature": 0})[0] == 200
+
+
+def test_scope_serve_refuses_a_prompt_too_long_to_fit_before_tokenising():
+    """The tiny vocabulary's tokens are single characters (at most 4 bytes), so 900 kB cannot fit 4,096
+    tokens: the answer comes without tokenising (the chat template is never applied)."""
+    b = tiny_backend(load_tokenizer("tiny-random"), seed=1)
+    calls = []
+    template = b.tokenizer.apply_chat_template
+    b.tokenizer.apply_chat_template = lambda *a, **k: calls.append(1) or template(*a, **k)
+    srv, url = serve_in_thread(b)
+    try:
+        code, r = _post(url + "/chat/completions", {"messages": [{"role": "user", "content": "a" * 900_000}]})
+        assert code == 400 and "cannot fit" in r["error"]["message"] and not calls
+        code, r = _post(url + "/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+        assert code == 200 and calls == [1]
+    finally:
+        srv.shutdown()
+
+
 def test_scope_serve_needs_a_key_off_loopback_and_checks_it():
     import openai
 

@@ -68,8 +68,6 @@ def test_a_fork_loop_is_stopped_even_for_root(tmp_path):
 
 @pytest.mark.parametrize("cgroups", [True, False], ids=["cgroup", "rlimit"])
 def test_memory_is_capped(tmp_path, cgroups):
-    if not cgroups and os.geteuid() == 0:
-        pytest.skip("root without a cgroup is refused (see test_root_without_a_cgroup_is_refused)")
     r = box(tmp_path, cgroups=cgroups, memory_mb=200).run(
         f"{PY} -c \"x = bytearray(600 * 2**20); x[::4096] = b'1' * len(x[::4096]); print('ALLOCATED')\"")
     assert r.exit_code != 0 and "ALLOCATED" not in r.output
@@ -95,8 +93,14 @@ def test_no_sandbox_means_a_clear_refusal_unless_allowed(tmp_path, monkeypatch):
     assert r.ok and "plain" in r.output and not r.sandboxed
 
 
-def test_root_without_a_cgroup_is_refused(tmp_path):
-    if os.geteuid() != 0:
-        pytest.skip("an unprivileged caller is bound by RLIMIT_NPROC")
-    with pytest.raises(SandboxUnavailable, match="cgroup"):
-        Sandbox(str(tmp_path), cgroups=False)
+def test_without_a_cgroup_rlimits_bind_because_the_command_is_never_root(tmp_path):
+    """The kernel exempts root from RLIMIT_NPROC; the sandboxed command steps down to an unprivileged uid,
+    so a fork loop is stopped without a cgroup too."""
+    prog = ("import os, time\nn = 0\ntry:\n    while n < 2000:\n        if os.fork() == 0:\n"
+            "            time.sleep(20)\n            os._exit(0)\n        n += 1\n"
+            "except OSError:\n    print('stopped after', n, flush=True)\n")
+    (tmp_path / "ws").mkdir(exist_ok=True)
+    (tmp_path / "ws" / "bomb.py").write_text(prog)
+    r = box(tmp_path, cgroups=False, max_processes=40).run(f"{PY} bomb.py", wall_seconds=30)
+    assert "stopped after" in r.output, r.output
+    assert int(r.output.split("stopped after")[1].split()[0]) < 40

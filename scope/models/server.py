@@ -8,7 +8,11 @@ one call. Limits a client cannot lift:
   request must carry ``Authorization: Bearer <key>``);
 - ``max_tokens`` is capped by the room the model's context leaves after the prompt (a prompt that fills
   the context is refused), so no request reserves memory beyond one full context;
-- request bodies are capped in size (``max_body_bytes``, 1 MiB by default): 413 beyond it.
+- request bodies are capped in size (``max_body_bytes``, 1 MiB by default): 413 beyond it; a body that
+  is not strict JSON (NaN, Infinity, nesting too deep) or holds a setting of the wrong type (``n: 1.5``,
+  ``temperature: NaN``) answers 400;
+- a prompt with more bytes than the context could hold at the vocabulary's longest token is refused
+  before it is tokenised, and tokenising runs off the event loop.
 
 ``fail_rate`` makes that share of requests answer 503 (seeded), for fault-injection tests of clients.
 """
@@ -17,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import math
 import queue
 import random
 import threading
@@ -79,19 +84,43 @@ class BadRequest(ValueError):
     pass
 
 
+def _number(body: dict[str, Any], key: str, default: float) -> float:
+    v = body.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise BadRequest(f"{key} must be a finite number, got {v!r}")
+    return float(v)
+
+
+def _integer(body: dict[str, Any], key: str, default: int) -> int:
+    v = body.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise BadRequest(f"{key} must be an integer, got {v!r}")
+    return v
+
+
 def _sampling(body: dict[str, Any]) -> SamplingParams:
     stop = body.get("stop") or ()
     if isinstance(stop, str):
         stop = (stop,)
-    mt = body.get("max_completion_tokens", body.get("max_tokens", 256))
-    try:
-        sp = SamplingParams(temperature=float(body.get("temperature", 1.0)), top_p=float(body.get("top_p", 1.0)),
-                            max_new_tokens=int(mt), stop=tuple(str(s) for s in stop))
-    except (TypeError, ValueError) as e:
-        raise BadRequest(f"bad sampling settings: {e}") from None
+    if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
+        raise BadRequest("stop must be a string or a list of strings")
+    mt = _integer(body, "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens", 256)
+    sp = SamplingParams(temperature=_number(body, "temperature", 1.0), top_p=_number(body, "top_p", 1.0),
+                        max_new_tokens=mt, stop=tuple(stop))
     if sp.max_new_tokens < 1 or sp.temperature < 0 or not 0 < sp.top_p <= 1:
         raise BadRequest("max_tokens must be >= 1, temperature >= 0, 0 < top_p <= 1")
     return sp
+
+
+def _no_constant(name: str):
+    raise BadRequest(f"{name} is not JSON")  # json accepts NaN and Infinity unless told otherwise
+
+
+def max_token_bytes(tok) -> int:
+    """The most UTF-8 bytes one token of the vocabulary stands for (an upper bound: byte-level BPE's marker
+    characters count two bytes each), so that ``len(text) > context * this`` cannot fit without tokenising."""
+    vocab = tok.get_vocab() if hasattr(tok, "get_vocab") else {}
+    return max((len(t.encode("utf-8", "surrogatepass")) for t in vocab), default=0) or 64
 
 
 def context_length(backend: LocalBackend) -> int:
@@ -106,6 +135,11 @@ def make_app(backend: LocalBackend, model_name: str = "scope", fail_rate: float 
     app.state.batcher = batcher
     rng, rng_lock = random.Random(seed), threading.Lock()
     tok, ctx = backend.tokenizer, context_length(backend)
+    max_prompt_bytes = ctx * max_token_bytes(tok)  # a longer prompt cannot fit: refused before tokenising
+
+    def tokenise(msgs: list[dict[str, str]]) -> list[int]:
+        text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        return tok(text, add_special_tokens=False)["input_ids"]
 
     def error(code: int, msg: str, typ: str = "invalid_request_error") -> JSONResponse:
         return JSONResponse({"error": {"message": msg, "type": typ, "code": code}}, status_code=code)
@@ -143,21 +177,29 @@ def make_app(backend: LocalBackend, model_name: str = "scope", fail_rate: float 
     @app.post("/chat/completions")
     async def chat(request: Request):
         try:
-            body = json.loads(await read_body(request) or b"{}")
+            raw = await read_body(request)
+        except OverflowError:
+            return error(413, f"request body over {max_body_bytes} bytes")
+        try:
+            try:
+                body = json.loads(raw or b"{}", parse_constant=_no_constant)
+            except RecursionError:
+                raise BadRequest("the body is nested too deeply") from None
             if not isinstance(body, dict):
                 raise BadRequest("the body must be a JSON object")
             msgs = body.get("messages")
             if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) and "role" in m for m in msgs):
                 raise BadRequest("messages must be a non-empty list of {role, content}")
             sp = _sampling(body)
-            if int(body.get("n", 1)) != 1:
+            if _integer(body, "n", 1) != 1:
                 raise BadRequest("only n=1 is supported")
-            text = tok.apply_chat_template([{"role": str(m["role"]), "content": str(m.get("content") or "")}
-                                            for m in msgs], tokenize=False, add_generation_prompt=True)
-            prompt = tok(text, add_special_tokens=False)["input_ids"]
-        except OverflowError:
-            return error(413, f"request body over {max_body_bytes} bytes")
-        except (BadRequest, json.JSONDecodeError, TypeError, ValueError) as e:
+            msgs = [{"role": str(m["role"]), "content": str(m.get("content") or "")} for m in msgs]
+            n_bytes = sum(len(m["content"].encode("utf-8", "surrogatepass")) for m in msgs)
+            if n_bytes > max_prompt_bytes:
+                raise BadRequest(f"the prompt ({n_bytes} bytes) cannot fit the model's context ({ctx} tokens)")
+            # off the event loop: a long prompt does not stall the other requests while it is tokenised
+            prompt = await asyncio.to_thread(tokenise, msgs)
+        except (BadRequest, json.JSONDecodeError, TypeError, ValueError, RecursionError) as e:
             return error(400, f"bad request: {e}")
         room = ctx - len(prompt)
         if room < 1:

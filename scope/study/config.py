@@ -82,6 +82,8 @@ class AnalysisConfig(Strict):
 
 class StudySettings(Strict):
     id: str = Field("scope-study", pattern=ID_PATTERN)
+    """The study id that recruitment links carry (``STUDY_ID``: on Prolific, its study id); a link with
+    another one is refused."""
     database: str = "sqlite:///study.db"
     """Any SQLAlchemy URL (``postgresql+psycopg://...``); a relative SQLite path is taken from the
     config file's directory."""

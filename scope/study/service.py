@@ -64,6 +64,8 @@ class StudyService:
 
     # ---- start / resume ----------------------------------------------------------------------------
     def start(self, participant_id: str, study_id: str, external_session_id: str) -> store.StudySession:
+        if study_id != self.cfg.study.id:  # a link made for another study fills no cell of this one
+            raise StudyError(404, "this study link is not for the study this server runs")
         old = store.find_session(self.engine, study_id, participant_id)
         if old is not None:
             if old.external_session_id != external_session_id:

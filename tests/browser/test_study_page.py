@@ -43,7 +43,7 @@ def test_a_tau2_and_a_p4g_session_in_the_browser(tmp_path, browser):
                      "p4g": {"env": "p4g", "split": "test", "options": {"personas": "builtin"}, "max_turns": 2}},
                     {"only": {"retail": {"scripted": gold_script(task)},
                               "p4g": {"policy": "base", "model": "tiny-random", "max_new_tokens": 24,
-                                      "temperature": 1.0}}})
+                                      "temperature": 1.0}}}, id="BROWSER")
     app = make(cfg)
     srv = Server(app, "127.0.0.1", 0).start()
     base = f"http://127.0.0.1:{srv.server_address[1]}"

@@ -33,7 +33,7 @@ def study_cfg(db, tasks, conditions, **study):
         eng = create_engine(url)
         SQLModel.metadata.drop_all(eng)
         eng.dispose()
-    return parse_study({"study": {"database": url or f"sqlite:///{db}", **study}, "tasks": tasks,
+    return parse_study({"study": {"id": "S1", "database": url or f"sqlite:///{db}", **study}, "tasks": tasks,
                         "conditions": conditions})
 
 

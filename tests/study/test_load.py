@@ -35,7 +35,7 @@ def participant(base, i, barrier):
 def test_100_concurrent_participants(tmp_path):
     conds = ("a", "b", "c", "d")
     cfg = study_cfg(tmp_path / "load.db", {"p4g": P4G},
-                    {c: {"p4g": {"scripted": [f"You said: {{last_user}}"]}} for c in conds})
+                    {c: {"p4g": {"scripted": [f"You said: {{last_user}}"]}} for c in conds}, id="LOAD")
     app = make(cfg)
     srv = Server(app, "127.0.0.1", 0).start()
     base = f"http://127.0.0.1:{srv.server_address[1]}"

@@ -11,7 +11,10 @@ scope's own:
 
 - ``send_message <text>`` (or ``send_message <<'MSG'`` ... ``MSG``): the text reaches the other agent at
   the start of its next observation as ``[Message from <agent>]: <text>``;
-- ``submit``: the agent is done; its patch is ``git diff`` of its workspace against the base.
+- ``submit``: the agent is done; its patch is the diff of its workspace against the base, taken on the
+  host with a copy of the repository's .git made before the agent ran anything (the workspace's own .git
+  is the agent's to write and is never read there: no agent-written git configuration, hook or
+  attribute driver runs outside the sandbox).
 
 Both agents act in every round (``next_roles``: the rollout engine samples them together, beside every
 other dialogue's; one that submitted sits out); a message sent in a round reaches the other agent at its
@@ -28,13 +31,13 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import tempfile
+import weakref
 from typing import Any
 
 from ...types import Task
 from ..base import Env, register_env
 from . import evaluate
-from .sandbox import Limits, Sandbox
+from .sandbox import Limits, Sandbox, make_workspace, remove_workspace, work_dir
 
 SYSTEM = """You are {me}, one of two software engineers working at the same time on the same Python repository.
 You implement one feature; {other} implements another one in its own copy of the repository. Your changes
@@ -75,6 +78,12 @@ def parse_action(reply: str) -> tuple[str, str] | None:
     return "bash", cmd
 
 
+def _remove_work(work: str, workspaces: dict[str, str]) -> None:
+    for ws in workspaces.values():
+        remove_workspace(ws)
+    shutil.rmtree(work, ignore_errors=True)
+
+
 @register_env("coop_coding")
 class CoopCoding(Env):
     roles = ("agent", "partner")
@@ -82,25 +91,29 @@ class CoopCoding(Env):
     def __init__(self, task: Task, rng, data_dir: str | None = None, max_turns: int = 50,
                  partial_credit: float = 0.0, shaping_applies: float = 0.0, shaping_clean_merge: float = 0.0,
                  shaping_tests: float = 0.0, command_seconds: float = 60.0, test_seconds: float = 300.0,
-                 max_output_bytes: int = 8192, allow_unsandboxed: bool = False):
+                 max_output_bytes: int = 8192, workspace_mb: int = 512, allow_unsandboxed: bool = False):
         super().__init__(task, rng)
         self.max_turns = max_turns
         self.partial_credit = partial_credit
         self.shaping = {"applies": shaping_applies, "clean_merge": shaping_clean_merge, "tests": shaping_tests}
         self.test_seconds = test_seconds
         self.allow_unsandboxed = allow_unsandboxed
-        self.limits = Limits(wall_seconds=command_seconds, max_output_bytes=max_output_bytes)
+        self.limits = Limits(wall_seconds=command_seconds, max_output_bytes=max_output_bytes, workspace_mb=workspace_mb)
         d = task.data
         self.base_dir: str = d["repo_dir"]
         self.features: dict[str, dict[str, str]] = {"agent": d["features"][0], "partner": d["features"][1]}
         self.names = {"agent": "agent1", "partner": "agent2"}
-        self.work = tempfile.mkdtemp(prefix="scope-coop-")
+        self.work = work_dir("coop")
         self.ws: dict[str, str] = {}
+        self._cleanup = weakref.finalize(self, _remove_work, self.work, self.ws)
+        self.gitdirs: dict[str, str] = {}  # each workspace's .git as it was before the agent ran anything
         self.boxes: dict[str, Sandbox] = {}
         for r in self.roles:
-            ws = os.path.join(self.work, self.names[r])
-            evaluate.init_repo(self.base_dir, ws)
+            ws = make_workspace(os.path.join(self.work, self.names[r]), self.limits)
             self.ws[r] = ws
+            evaluate.init_repo(self.base_dir, ws)
+            self.gitdirs[r] = os.path.join(self.work, f"{self.names[r]}.git")
+            shutil.copytree(os.path.join(ws, ".git"), self.gitdirs[r], symlinks=True)
             self.boxes[r] = Sandbox(ws, self.limits, allow_unsandboxed=allow_unsandboxed)
         self.submitted: dict[str, bool] = {r: False for r in self.roles}
         self.pending: dict[str, list[str]] = {r: [] for r in self.roles}  # what a role sees at its next turn
@@ -163,9 +176,8 @@ class CoopCoding(Env):
         self.stats[role]["submit_turn"] = self.turns[role]
 
     def patch(self, role: str) -> str:
-        ws = self.ws[role]
-        evaluate.git(ws, "add", "-A")
-        return evaluate.git(ws, "diff", "--cached", "--binary", "base").stdout
+        """The role's submission, taken on the host without reading anything of the workspace's .git."""
+        return evaluate.take_patch(self.ws[role], self.gitdirs[role])
 
     # -- grading --
     def rewards(self) -> dict[str, float]:
@@ -175,10 +187,11 @@ class CoopCoding(Env):
             try:
                 self.result = evaluate.evaluate_pair(
                     self.base_dir, patches, tests,
-                    lambda ws: Sandbox(ws, Limits(wall_seconds=self.test_seconds), allow_unsandboxed=self.allow_unsandboxed),
+                    lambda ws: Sandbox(ws, Limits(wall_seconds=self.test_seconds, workspace_mb=self.limits.workspace_mb),
+                                       allow_unsandboxed=self.allow_unsandboxed),
                     wall_seconds=self.test_seconds)
             finally:
-                shutil.rmtree(self.work, ignore_errors=True)
+                self._remove()
             self._record()
         res = self.result
         out = {}
@@ -203,8 +216,8 @@ class CoopCoding(Env):
             "turns_to_submit": {self.names[r]: self.stats[r]["submit_turn"] for r in self.roles},
             "malformed": {self.names[r]: self.stats[r]["malformed"] for r in self.roles}}
 
-    def __del__(self):
-        shutil.rmtree(getattr(self, "work", ""), ignore_errors=True) if getattr(self, "work", None) else None
+    def _remove(self) -> None:
+        self._cleanup()  # a weakref.finalize: runs once, here, when collected, or at interpreter exit
 
     # -- tasks --
     @classmethod

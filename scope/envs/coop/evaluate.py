@@ -17,16 +17,19 @@
 """
 from __future__ import annotations
 
+import io
 import os
 import re
 import shutil
+import stat
 import subprocess
 import tempfile
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 
-from .sandbox import Sandbox
+from .sandbox import Sandbox, make_workspace, remove_workspace, work_dir  # noqa: F401 - Sandbox: the type sandbox_for returns
 
+_MAX_REPORT = 16 << 20  # bytes of pytest's report read back
 _TEST_PATH = ("/test_", "/tests/", "_test.py", "/test/", "tests.py")
 _TEST_CONFIG = ("conftest.py", "pytest.ini", "tox.ini")
 _CONFIG_MAYBE = ("setup.cfg", "pyproject.toml")
@@ -96,21 +99,42 @@ def filter_patch(patch: str) -> Filtered:
     return Filtered(text, dropped)
 
 
+# Every git call on the host holds these: no configuration but the repository's own (never a global or
+# system file, never a .gitconfig in an agent-written HOME), and nothing that runs a command.
+_SAFE = ("-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null", "-c", "core.attributesFile=/dev/null",
+         "-c", "safe.directory=*", "-c", "protocol.allow=never")
+
+
 def git(cwd: str, *args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
-    env = dict(os.environ, GIT_AUTHOR_NAME="scope", GIT_AUTHOR_EMAIL="scope@localhost", GIT_COMMITTER_NAME="scope",
-               GIT_COMMITTER_EMAIL="scope@localhost", GIT_CONFIG_NOSYSTEM="1", HOME=cwd, LC_ALL="C")
-    r = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, env=env, input=input)
+    """Run git on the host, on a repository scope made (never one an agent wrote: see :func:`take_patch`)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    env.update(GIT_AUTHOR_NAME="scope", GIT_AUTHOR_EMAIL="scope@localhost", GIT_COMMITTER_NAME="scope",
+               GIT_COMMITTER_EMAIL="scope@localhost", GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL=os.devnull,
+               GIT_ATTR_NOSYSTEM="1", GIT_TERMINAL_PROMPT="0", HOME="/nonexistent", XDG_CONFIG_HOME="/nonexistent",
+               LC_ALL="C")
+    r = subprocess.run(["git", *_SAFE, *args], cwd=cwd, capture_output=True, text=True, env=env, input=input)
     if check and r.returncode:
         raise RuntimeError(f"git {' '.join(args)}: {r.stderr.strip() or r.stdout.strip()}")
     return r
 
 
 def init_repo(base_dir: str, dest: str) -> None:
-    """``dest``: a git repository whose one commit is the files of ``base_dir`` (its own .git ignored)."""
-    shutil.copytree(base_dir, dest, ignore=shutil.ignore_patterns(".git"), symlinks=True)
+    """``dest`` (missing or empty): a git repository whose one commit is the files of ``base_dir`` (its own
+    .git ignored)."""
+    shutil.copytree(base_dir, dest, ignore=shutil.ignore_patterns(".git"), symlinks=True, dirs_exist_ok=True)
     git(dest, "init", "-q", "-b", "base")
     git(dest, "add", "-A")
     git(dest, "commit", "-q", "--allow-empty", "-m", "base")
+
+
+def take_patch(workspace: str, git_dir: str) -> str:
+    """The diff of ``workspace``'s files against the base commit, taken with ``git_dir``: a copy of the
+    workspace's .git made before the agent ran anything. The workspace's own .git (config, hooks,
+    attributes drivers, fsmonitor: all the agent's to write) is never read; the files' attributes can
+    name drivers, but no driver is configured, and diff runs without external diff or textconv."""
+    wt = ("--git-dir", git_dir, "--work-tree", workspace)
+    git(workspace, *wt, "add", "-A", "--ignore-errors", check=False)  # a file it cannot add is left out
+    return git(workspace, *wt, "diff", "--cached", "--binary", "--no-ext-diff", "--no-textconv", "base").stdout
 
 
 def apply_patch(repo: str, patch: str) -> str | None:
@@ -187,9 +211,9 @@ class TestOutcome:
         return self.passed / n if n else 0.0
 
 
-def junit_counts(path: str) -> tuple[int, int, int, int]:
-    """(passed, failed, errors, skipped) from pytest's JUnit XML report."""
-    root = ET.parse(path).getroot()
+def junit_counts(source) -> tuple[int, int, int, int]:
+    """(passed, failed, errors, skipped) from pytest's JUnit XML report (a path or a binary file)."""
+    root = ET.parse(source).getroot()
     suites = [root] if root.tag == "testsuite" else root.findall("testsuite")
     tests = failures = errors = skipped = 0
     for s in suites:
@@ -202,32 +226,48 @@ def junit_counts(path: str) -> tuple[int, int, int, int]:
 
 def run_feature_tests(tree: str, tests_patch: str, sandbox_for, wall_seconds: float | None = None) -> TestOutcome:
     """Copy ``tree``, apply ``tests_patch``, run pytest on its test files in a sandbox; see the docstring."""
-    with tempfile.TemporaryDirectory(prefix="scope-coop-test-") as d:
-        ws = os.path.join(d, "ws")
-        shutil.copytree(tree, ws, symlinks=True)
-        err = apply_patch(ws, tests_patch)
-        if err is not None:
-            return TestOutcome(note=f"the hidden tests do not apply: {err}")
-        files = sorted({x.path for x in split_patch(tests_patch) if x.path.endswith(".py")
-                        and os.path.exists(os.path.join(ws, x.path))})
-        if not files:
-            return TestOutcome(note="the hidden tests patch names no test file")
-        report = ".scope-junit.xml"
-        cmd = ("python -m pytest -q -p no:cacheprovider -o addopts= --rootdir=. "
-               f"--junitxml={report} " + " ".join(files))
-        r = sandbox_for(ws).run(cmd, wall_seconds=wall_seconds)
-        out = TestOutcome(exit_code=r.exit_code, output=r.output[-4000:])
-        path = os.path.join(ws, report)
-        if not os.path.exists(path):
-            out.note = "pytest wrote no report" + (" (timed out)" if r.timed_out else "")
-            return out
-        try:
-            out.passed, out.failed, out.errors, out.skipped = junit_counts(path)
-        except (ET.ParseError, ValueError) as e:
-            out.note = f"unreadable pytest report: {e}"
-            return out
-        out.ok = r.exit_code == 0 and out.passed >= 1 and not r.timed_out
+    d = work_dir("test")
+    ws = make_workspace(os.path.join(d, "ws"))
+    try:
+        return _run_feature_tests(tree, ws, tests_patch, sandbox_for, wall_seconds)
+    finally:
+        remove_workspace(ws)
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def _run_feature_tests(tree: str, ws: str, tests_patch: str, sandbox_for, wall_seconds: float | None) -> TestOutcome:
+    shutil.copytree(tree, ws, symlinks=True, dirs_exist_ok=True)
+    err = apply_patch(ws, tests_patch)
+    if err is not None:
+        return TestOutcome(note=f"the hidden tests do not apply: {err}")
+    files = sorted({x.path for x in split_patch(tests_patch) if x.path.endswith(".py")
+                    and os.path.exists(os.path.join(ws, x.path))})
+    if not files:
+        return TestOutcome(note="the hidden tests patch names no test file")
+    report = ".scope-junit.xml"
+    cmd = ("python -m pytest -q -p no:cacheprovider -o addopts= --rootdir=. "
+           f"--junitxml={report} " + " ".join(files))
+    r = sandbox_for(ws).run(cmd, wall_seconds=wall_seconds)
+    out = TestOutcome(exit_code=r.exit_code, output=r.output[-4000:])
+    try:  # the agent's code ran in that workspace: the report may be anything, a link included
+        fd = os.open(os.path.join(ws, report), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO or a device, not a report
+            os.close(fd)
+            raise OSError
+    except OSError:
+        out.note = "pytest wrote no report" + (" (timed out)" if r.timed_out else "")
         return out
+    try:
+        with os.fdopen(fd, "rb") as f:
+            data = f.read(_MAX_REPORT + 1)
+        if len(data) > _MAX_REPORT:
+            raise ValueError(f"over {_MAX_REPORT >> 20} MB")
+        out.passed, out.failed, out.errors, out.skipped = junit_counts(io.BytesIO(data))
+    except (ET.ParseError, ValueError, OSError) as e:
+        out.note = f"unreadable pytest report: {e}"
+        return out
+    out.ok = r.exit_code == 0 and out.passed >= 1 and not r.timed_out
+    return out
 
 
 @dataclass
