@@ -246,8 +246,22 @@ os.execv(argv[0], argv)
 _NESTED_OK: dict[str, bool] = {}  # bwrap path -> whether an unprivileged uid may make a user namespace here
 
 
+_MOUNT_OK: list[bool] = []
+
+
 def _can_mount() -> bool:
-    return os.geteuid() == 0 and shutil.which("mount") is not None
+    """Whether this process may mount a tmpfs (root, with the right to mount here: tried once)."""
+    if not _MOUNT_OK:
+        ok = os.geteuid() == 0 and shutil.which("mount") is not None and shutil.which("umount") is not None
+        if ok:
+            d = tempfile.mkdtemp(prefix="scope-mount-probe-")
+            ok = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "scope-probe", d],
+                                capture_output=True).returncode == 0
+            if ok:
+                subprocess.run(["umount", d], capture_output=True)
+            os.rmdir(d)
+        _MOUNT_OK.append(ok)
+    return _MOUNT_OK[0]
 
 
 _SWEPT = False
