@@ -324,11 +324,7 @@ class Config(Strict):
             env_cls = get_env(self.env.name)
         except KeyError as e:
             raise ValueError(f"env.name: {e.args[0]}") from None
-        known = env_cls.option_names()
-        unknown = sorted(set(self.env.options) - known)
-        if unknown:
-            raise ValueError(f"env.options: {', '.join(unknown)}: not an option of {self.env.name!r} "
-                             f"(its options: {', '.join(sorted(known))})")
+        self.env.options = env_cls.check_options(self.env.options)  # names and types, before anything runs
         return self
 
     def roles(self) -> dict[str, RoleConfig]:

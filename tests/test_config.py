@@ -104,3 +104,24 @@ def test_cli_reports_bad_key(tmp_path):
                        text=True)
     assert r.returncode == 2
     assert "train.stepz: unknown key" in r.stderr
+
+
+@pytest.mark.parametrize("env,option,value", [
+    ("p4g", "max_turns", "abc"), ("tau2_retail", "max_steps", "ten"), ("tau2_airline", "agent_stop", "maybe"),
+    ("coop_coding", "workspace_mb", "1.5"), ("lab", "discount", "high")])
+def test_a_wrong_typed_env_option_is_one_error_line_before_anything_is_written(tmp_path, env, option, value):
+    """Environment options are checked against their declared types at start-up: exit 2, one line naming
+    the key, and no run directory (not a TypeError three steps into the run)."""
+    run_dir = tmp_path / "run"
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"run: {{dir: {run_dir}}}\nmodels: {{policy: {{path: tiny-random}}}}\nenv: {{name: {env}}}\n"
+                   "train: {steps: 1}\n")
+    r = subprocess.run([sys.executable, "-m", "scope.cli", "train", "--config", str(cfg),
+                        "--set", f"env.options.{option}={value}"], capture_output=True, text=True)
+    assert r.returncode == 2, r.stderr[-2000:]
+    errors = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(errors) == 1 and f"env.options.{option}" in errors[0], errors
+    assert not run_dir.exists()
+    good = parse_config({"env": {"name": env, "options": {option: {"max_turns": "4", "max_steps": "7",
+                         "agent_stop": "false", "workspace_mb": "64", "discount": "0.5"}[option]}}})
+    assert not isinstance(good.env.options[option], str)  # the value, converted to its declared type

@@ -53,6 +53,43 @@ class Env:
                     names.add(p.name)
         return names
 
+    @classmethod
+    def check_options(cls, options: dict[str, Any], where: str = "env.options") -> dict[str, Any]:
+        """``options`` checked against what the environment declares (its ``__init__`` and ``load_tasks``
+        parameters: each one's annotation, else its default's type): unknown names and values of the wrong
+        type raise ``ValueError`` naming the key; values are returned converted where the conversion is
+        exact (``"5"`` for an int, ``3`` for a float)."""
+        import inspect
+        import typing
+
+        from pydantic import TypeAdapter, ValidationError
+
+        known = cls.option_names()
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise ValueError(f"{where}: {', '.join(unknown)}: not an option of {cls.name!r} "
+                             f"(its options: {', '.join(sorted(known))})")
+        declared: dict[str, Any] = {}
+        for fn in (cls.load_tasks, cls.__init__):
+            try:
+                hints = typing.get_type_hints(fn)
+            except Exception:  # noqa: BLE001 - an annotation that does not resolve: fall back to defaults
+                hints = {}
+            for p in inspect.signature(fn).parameters.values():
+                if p.name in options and p.name not in declared:
+                    if p.name in hints:
+                        declared[p.name] = hints[p.name]
+                    elif p.default is not inspect.Parameter.empty and p.default is not None:
+                        declared[p.name] = type(p.default)
+        out = dict(options)
+        for k, t in declared.items():
+            try:
+                out[k] = TypeAdapter(t).validate_python(options[k])
+            except ValidationError as e:
+                msg = e.errors()[0]["msg"]
+                raise ValueError(f"{where}.{k}: {msg[0].lower() + msg[1:]} (got {options[k]!r})") from None
+        return out
+
     def __init__(self, task: Task, rng: random.Random, **options: Any):
         self.task = task
         self.rng = rng

@@ -135,6 +135,10 @@ class Evaluator:
         unknown = sorted(set(self.options) - self.env_cls.option_names())
         if unknown:
             raise ConfigError(f"env.options: unknown options {unknown} of p4g")
+        try:
+            self.options = self.env_cls.check_options(self.options)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         self.options.setdefault("max_turns", 3)
         self.tasks = self.env_cls.load_tasks("train", **self.options)
         refs = refs if refs is not None else frozen_refs(cfg.models, {}, cfg.seed)

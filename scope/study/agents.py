@@ -87,6 +87,10 @@ class StudyAgent:
         unknown = sorted(set(task_type.options) - self.env_cls.option_names())
         if unknown:
             raise ConfigError(f"task type {task_type.env}: unknown environment options {unknown}")
+        try:
+            self.options = self.env_cls.check_options(self.options, where=f"task type {task_type.env}: options")
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         sp = self.binding.sampling
         self.binding.sampling = SamplingParams(
             temperature=sp.temperature if spec.temperature is None else spec.temperature, top_p=sp.top_p,
