@@ -236,8 +236,10 @@ class EvalConfig(Strict):
     panel: str | None = None
     """A panel YAML (partners marked seen/unseen); None: no held-out evaluation during training."""
     every: int = Field(16, ge=1)
-    select_on: Literal["all", "seen"] = "all"
-    """Best checkpoint by the panel mean over all partners, or over the seen ones only."""
+    select_on: Literal["seen", "all"] = "seen"
+    """The best checkpoint (RUN_DIR/best) is chosen by the mean over the seen partners only, as the paper
+    selects with no evaluation-only simulator; ``all`` also lets the unseen ones choose (then the unseen
+    score is no longer held out). best.json records every held-out score at the chosen step."""
     at_start: bool = False
     """Also evaluate the untrained policy, as step 0 (the start of every held-out curve)."""
 

@@ -149,31 +149,45 @@ def behaviour_stats(episodes: Sequence[Episode], classify: Callable[[str], str],
 
 
 # ---- variance decomposition -------------------------------------------------------------------
-def _pvar(xs: Sequence[float]) -> float:
+def _svar(xs: Sequence[float]) -> float:
+    """The unbiased sample variance (n - 1 in the denominator)."""
     m = sum(xs) / len(xs)
-    return sum((x - m) ** 2 for x in xs) / len(xs)
+    return sum((x - m) ** 2 for x in xs) / (len(xs) - 1)
 
 
 def variance_decomposition(rewards) -> dict[str, float]:
-    """The law of total variance within each task (the paper's Eq. 6, conditional on the task).
+    """The law of total variance within each task (the paper's Eq. 6, conditional on the task), with the
+    one-way ANOVA's unbiased estimators.
 
     ``rewards[task][i][j]``: the reward of the j-th partner resample with the agent's turns of
-    first-stage dialogue i of that task held fixed (a bare list of rows is one task). Per task,
-    partner = E_i[Var_j R] and agent = Var_i[E_j R] (population variances); each part is averaged
-    over the tasks where it is defined (partner: a dialogue with two or more resamples; agent: two or
-    more dialogues). Differences between tasks belong to neither part. total = partner + agent.
+    first-stage dialogue i of that task held fixed (a bare list of rows is one task). Per task:
+
+    - partner = E_i[Var(R | agent turns)], estimated by the mean over dialogues of each row's sample
+      variance (divided by J_i - 1), unbiased;
+    - agent = Var_i(E[R | agent turns]): the sample variance of the row means (divided by I - 1) also
+      holds the resampling noise of each mean, partner / J_i, which is subtracted.
+
+    Each part is averaged over the tasks where it is defined (partner: a dialogue with two or more
+    resamples; agent: two or more such dialogues). ``agent`` is clipped at 0 (``agent_raw`` keeps the
+    unclipped estimate, which may be negative when the agent part is near 0). Differences between tasks
+    belong to neither part. total = partner + agent.
     """
     tasks = list(rewards.values()) if isinstance(rewards, dict) else [rewards]
     partner, agent = [], []
     for rows in tasks:
         rows = [list(r) for r in rows if len(r) > 0]
-        within = [_pvar(r) for r in rows if len(r) > 1]
-        if within:
-            partner.append(sum(within) / len(within))
+        within = [_svar(r) for r in rows if len(r) > 1]
+        if not within:
+            continue
+        w = sum(within) / len(within)
+        partner.append(w)
+        rows = [r for r in rows if len(r) > 1]
         if len(rows) > 1:
-            agent.append(_pvar([sum(r) / len(r) for r in rows]))
+            means = [sum(r) / len(r) for r in rows]
+            agent.append(_svar(means) - sum(w / len(r) for r in rows) / len(rows))
     p = sum(partner) / len(partner) if partner else 0.0
-    a = sum(agent) / len(agent) if agent else 0.0
+    a_raw = sum(agent) / len(agent) if agent else 0.0
+    a = max(a_raw, 0.0)
     total = p + a
-    return {"total": total, "partner": p, "agent": a, "partner_share": p / total if total > 0 else float("nan"),
-            "tasks": float(len(tasks))}
+    return {"total": total, "partner": p, "agent": a, "agent_raw": a_raw,
+            "partner_share": p / total if total > 0 else float("nan"), "tasks": float(len(tasks))}

@@ -61,6 +61,10 @@ def check_start(cfg: Config, resume: bool) -> list[Task]:
             missing = sorted({p.model for p in panel.partners} - set(cfg.models) - set(panel.models))
             if missing:
                 raise ValueError(f"partners use models {missing}, defined neither in the config nor the panel")
+            if cfg.eval.select_on == "seen" and not any(p.seen for p in panel.partners):
+                raise ValueError("eval.select_on is seen, but the panel marks no partner seen: mark the training "
+                                 "simulators `seen: true`, or set eval.select_on: all (the unseen partners then "
+                                 "choose the best checkpoint and are no longer held out)")
             if panel.split:
                 env_cls.load_tasks(panel.split, **cfg.env.options)
     return tasks[cfg.env.train_split]

@@ -96,14 +96,20 @@ class GroupStats:
                 "all_failure_frac": self.all_failure / n}
 
 
+STEP_STD_FLOOR = 0.1
+"""The step baseline divides by max(std, this): rewards on [0, 1] that barely differ across the step stay
+small advantages instead of being blown up to +-1 (z-scoring 16 near-equal values makes noise a signal)."""
+
+
 def group_advantages(episodes: Sequence[Episode], role: str, success_threshold: float = 1.0,
-                     eps: float = 1e-6, baseline: str = "group") -> tuple[list[float | None], GroupStats]:
+                     eps: float = 1e-6, baseline: str = "group",
+                     std_floor: float = STEP_STD_FLOOR) -> tuple[list[float | None], GroupStats]:
     """Per-episode advantage for ``role`` (None for failed episodes, which are left out).
 
-    ``baseline="group"``: z-score within each task's group (GRPO). ``"step"``: z-score over every
-    episode of the step, for a reward that is constant within a group (the curriculum), whose
-    within-group advantages would all be 0. The success/failure fractions are per task group either
-    way; ``zero_variance`` counts the baseline groups that carried no signal.
+    ``baseline="group"``: z-score within each task's group (GRPO). ``"step"``: centred over every
+    episode of the step and divided by max(std, ``std_floor``), for a reward that is constant within a
+    group (the curriculum), whose within-group advantages would all be 0. The success/failure fractions
+    are per task group either way; ``zero_variance`` counts the baseline groups that carried no signal.
     """
     stats = GroupStats()
     groups: dict[str, list[int]] = {}
@@ -127,6 +133,8 @@ def group_advantages(episodes: Sequence[Episode], role: str, success_threshold: 
         if std < eps:
             stats.zero_variance += len(idx) if baseline == "step" else 1
             a = torch.zeros_like(r)
+        elif baseline == "step":
+            a = (r - r.mean()) / max(float(std), std_floor)
         else:
             a = (r - r.mean()) / (std + eps)
         for i, v in zip(idx, a.tolist()):

@@ -77,15 +77,18 @@ def plot_runs(run_dirs: list[str], out_dir: str) -> list[str]:
 
 
 def scores_table(runs: dict[str, list[dict[str, Any]]]) -> str:
+    """Each run's best checkpoint chosen on the seen partners (as training chooses RUN_DIR/best), with the
+    unseen score at that step beside it, and the final scores."""
     f = lambda x: "n/a" if x is None else f"{x:.3f}"  # noqa: E731
-    lines = ["| run | best held-out (step) | final held-out | final unseen | final train reward |",
-             "|---|---|---|---|---|"]
+    lines = ["| run | best on seen (step) | unseen at that step | final seen | final unseen | final train reward |",
+             "|---|---|---|---|---|---|"]
     for label, ms in runs.items():
-        xs, ys = _series(ms, "eval/panel_mean")
-        best = max(zip(ys, xs)) if ys else None
-        _, unseen = _series(ms, "eval/unseen_mean")
+        ev = [m for m in ms if isinstance(m.get("eval/seen_mean"), (int, float))]
+        best = max(ev, key=lambda m: (m["eval/seen_mean"], -m["step"])) if ev else None
+        last = ev[-1] if ev else {}
         _, tr = _series(ms, "reward_mean")
-        lines.append(f"| {label} | {f(best[0]) + f' ({best[1]})' if best else 'n/a'} | "
-                     f"{f(ys[-1]) if ys else 'n/a'} | {f(unseen[-1]) if unseen else 'n/a'} | "
-                     f"{f(tr[-1]) if tr else 'n/a'} |")
+        chosen = f"{f(best['eval/seen_mean'])} ({best['step']})" if best else "n/a"
+        lines.append(f"| {label} | {chosen} | {f(best.get('eval/unseen_mean')) if best else 'n/a'} | "
+                     f"{f(last.get('eval/seen_mean'))} | "
+                     f"{f(last.get('eval/unseen_mean'))} | {f(tr[-1]) if tr else 'n/a'} |")
     return "\n".join(lines) + "\n"

@@ -268,6 +268,7 @@ def test_curriculum_needs_a_baseline_across_groups():
     r = [e.rewards["partner"] for e in eps]
     mean = sum(r) / len(r)
     sd = (sum((x - mean) ** 2 for x in r) / len(r)) ** 0.5
+    assert sd > 0.1  # clearly different values: an ordinary z-score
     assert across == pytest.approx([(x - mean) / sd for x in r], rel=1e-5)
     assert across[0] > 0 > across[2]  # the group kept at variance 0.25 is preferred to the all-success one
     assert st.n_groups == 3 and st.zero_variance == 0
@@ -275,6 +276,21 @@ def test_curriculum_needs_a_baseline_across_groups():
 
     assert baseline_of("curriculum") == "step" and baseline_of("adversarial") == "group"
     assert baseline_of("curriculum", "group") == "group"
+
+
+def test_the_step_baseline_does_not_blow_noise_up_to_unit_advantages():
+    """16 curriculum values that differ in the fourth decimal (0.04394-0.04413) are centred and divided by
+    the floor, not by their tiny std: the advantages stay tiny, where z-scores made them -0.97 to +1.36."""
+    from scope.learner import STEP_STD_FLOOR
+
+    vals = [0.04394 + 0.00019 * i / 15 for i in range(16)]
+    eps = eps_with({f"g{i}": [1.0] for i in range(16)})
+    for e, v in zip(eps, vals):
+        e.rewards["partner"] = v
+    adv, _ = group_advantages(eps, "partner", baseline="step")
+    mean = sum(vals) / len(vals)
+    assert adv == pytest.approx([(v - mean) / STEP_STD_FLOOR for v in vals])
+    assert max(abs(a) for a in adv) < 0.002
 
 
 def test_a_partner_that_never_learns_is_reported_loudly(tmp_path):

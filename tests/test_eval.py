@@ -12,36 +12,57 @@ from scope.diagnostics import (behaviour_stats, bleu, distinct_n, group_similari
                                variance_decomposition)
 from scope.eval import load_panel, markdown, summarize
 from scope.plot import plot_runs
+from scope.guards import StartupError
 from scope.run import read_metrics
 from scope.train import train
 from scope.types import Episode
 
 
 def test_variance_decomposition_known_cases():
+    """The one-way ANOVA estimators, worked by hand: within = mean of the rows' sample variances (J - 1),
+    agent = sample variance of the row means (I - 1) minus within / J, clipped at 0."""
     # all variation comes from the partner: each agent sample sees rewards 0 and 1
     v = variance_decomposition([[0, 1], [0, 1], [1, 0]])
-    assert (v["partner"], v["agent"], v["partner_share"]) == (0.25, 0.0, 1.0)
+    assert (v["partner"], v["agent"], v["partner_share"]) == (0.5, 0.0, 1.0)
+    assert v["agent_raw"] == pytest.approx(-0.25)  # 0 - 0.5 / 2: the unclipped estimate
     # all from the agent: the partner always answers the same way
     v = variance_decomposition([[1, 1], [0, 0]])
-    assert (v["partner"], v["agent"], v["partner_share"]) == (0.0, 0.25, 0.0)
-    # mixed: within variances 0.25 and 0, means 0.5 and 1 -> agent var 0.0625
+    assert (v["partner"], v["agent"], v["partner_share"]) == (0.0, 0.5, 0.0)
+    # mixed: within variances 0.5 and 0 -> 0.25; means 0.5 and 1 -> 0.125 - 0.25 / 2 = 0
     v = variance_decomposition([[0, 1], [1, 1]])
-    assert v["partner"] == pytest.approx(0.125) and v["agent"] == pytest.approx(0.0625)
-    assert v["total"] == pytest.approx(0.1875)  # = the variance of all four rewards
+    assert v["partner"] == pytest.approx(0.25) and v["agent"] == pytest.approx(0.0)
+
+
+def test_variance_decomposition_recovers_known_shares_from_simulated_data():
+    """R = task + agent effect (variance A) + partner noise (variance P), I dialogues x J resamples per
+    task: the estimated share is P / (P + A), pure partner noise included (the plug-in estimator gave
+    0.80 there at J = 4)."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    for share, J in ((1.0, 4), (0.75, 4), (0.5, 2), (0.2, 8)):
+        P, A = share, 1.0 - share
+        data = {}
+        for t in range(3000):
+            base = rng.normal(0, 3)  # task differences belong to neither part
+            agent = rng.normal(0, np.sqrt(A), size=4)
+            data[t] = [list(base + a + rng.normal(0, np.sqrt(P), size=J)) for a in agent]
+        v = variance_decomposition(data)
+        assert v["partner"] == pytest.approx(P, abs=0.03) and v["agent"] == pytest.approx(A, abs=0.03)
+        assert v["partner_share"] == pytest.approx(share, abs=0.03), (share, J, v)
 
 
 def test_variance_decomposition_is_conditional_on_the_task():
     # one task always succeeds and the other always fails: that is neither the partner nor the agent
     v = variance_decomposition({"easy": [[1, 1], [1, 1]], "hard": [[0, 0], [0, 0]]})
     assert (v["partner"], v["agent"], v["total"]) == (0.0, 0.0, 0.0)
-    assert variance_decomposition([[1, 1], [1, 1], [0, 0], [0, 0]])["agent"] == 0.25  # pooled: mistaken for agent
+    assert variance_decomposition([[1, 1], [1, 1], [0, 0], [0, 0]])["agent"] == pytest.approx(1 / 3)  # pooled: mistaken for agent
     # in task A only the agent's turns matter, in task B only the partner's: each part is averaged over tasks
     v = variance_decomposition({"A": [[0, 0], [1, 1]], "B": [[0, 1], [0, 1]]})
-    assert v["partner"] == pytest.approx(0.125) and v["agent"] == pytest.approx(0.125)
-    assert v["partner_share"] == pytest.approx(0.5)
+    assert v["partner"] == pytest.approx(0.25) and v["agent"] == pytest.approx((0.5 - 0.25) / 2)
     # a task with a single first-stage dialogue has no agent part, and does not dilute it
     v = variance_decomposition({"A": [[0, 0], [1, 1]], "C": [[1, 1]]})
-    assert v["agent"] == pytest.approx(0.25) and v["partner"] == 0.0
+    assert v["agent"] == pytest.approx(0.5) and v["partner"] == 0.0
 
 
 def test_similarity_measures():
@@ -124,7 +145,8 @@ def test_plot_writes_readable_pngs_and_a_score_table(tmp_path):
     b = tmp_path / "population"
     write_run(a, [{"step": s, "reward_mean": 0.1 * s, "reward_std": 0.1, "policy_entropy": 2 - 0.1 * s,
                    "zero_variance_frac": 0.1 * s, "turns_mean": 6, "eval/panel_mean": [0.2, 0.5, 0.3][s - 1],
-                   "eval/panel_std": 0.05, "eval/unseen_mean": [0.1, 0.4, 0.2][s - 1]} for s in (1, 2, 3)])
+                   "eval/panel_std": 0.05, "eval/seen_mean": [0.3, 0.6, 0.4][s - 1],
+                   "eval/unseen_mean": [0.1, 0.4, 0.2][s - 1]} for s in (1, 2, 3)])
     write_run(b, [{"step": s, "reward_mean": 0.05 * s, "policy_entropy": 2.0, "zero_variance_frac": 0.2,
                    "turns_mean": 7} for s in (1, 2, 3)])
     out = tmp_path / "plots"
@@ -137,11 +159,12 @@ def test_plot_writes_readable_pngs_and_a_score_table(tmp_path):
         img = mpimg.imread(p)
         assert img.shape[0] > 100 and img.shape[1] > 100 and img.std() > 0
     table = open(out / "scores.md").read()
-    assert "| rl_single | 0.500 (2) | 0.300 | 0.200 | 0.300 |" in table
-    assert "| population | n/a | n/a | n/a | 0.150 |" in table
+    # the best checkpoint chosen on the seen partners (step 2), the unseen score reported at that step
+    assert "| rl_single | 0.600 (2) | 0.400 | 0.400 | 0.200 | 0.300 |" in table
+    assert "| population | n/a | n/a | n/a | n/a | 0.150 |" in table
 
 
-def tiny(run_dir, panel_path, steps=2, select_on="all"):
+def tiny(run_dir, panel_path, steps=2, select_on="seen"):
     return parse_config({
         "run": {"dir": str(run_dir), "save_every": 1, "progress": False},
         "models": {"policy": {"path": "tiny-random"}},
@@ -172,7 +195,10 @@ def test_training_evaluates_the_panel_and_keeps_the_best(tmp_path):
             assert k in m, k
         assert m["eval/panel_mean"] == pytest.approx((m["eval/partner/seen-p"] + m["eval/partner/unseen-p"]) / 2)
     best = json.load(open(tmp_path / "run" / "best" / "best.json"))
-    assert best["score"] == max(m["eval/panel_mean"] for m in ms)
+    # chosen on the seen partners only (the default); the unseen score is reported at the chosen step
+    assert best["select_on"] == "seen" and best["score"] == max(m["eval/seen_mean"] for m in ms)
+    at = next(m for m in ms if m["step"] == best["step"])
+    assert best["eval/unseen_mean"] == at["eval/unseen_mean"] and best["score"] == at["eval/seen_mean"]
     assert (tmp_path / "run" / "best" / "agent" / "adapter_model.safetensors").exists()
     assert (tmp_path / "run" / "eval" / "step_000001" / "eval.md").exists()
     # scope eval on the saved checkpoint, from the command line
@@ -184,6 +210,14 @@ def test_training_evaluates_the_panel_and_keeps_the_best(tmp_path):
     res = json.load(open(out / "eval.json"))
     assert set(res["per_partner"]) == {"seen-p", "unseen-p"} and res["per_partner"]["seen-p"]["n"] == 2
     assert "| seen-p | yes |" in r.stdout
+
+
+def test_choosing_on_seen_partners_needs_a_seen_partner(tmp_path):
+    panel = tmp_path / "panel.yaml"
+    panel.write_text(PANEL.replace("seen: true", "seen: false"))
+    with pytest.raises(StartupError, match="marks no partner seen"):
+        train(tiny(tmp_path / "run", panel), log=lambda s: None)
+    assert not (tmp_path / "run").exists()  # refused before anything was written
 
 
 def test_diagnose_command(tmp_path):
