@@ -150,8 +150,22 @@ def cmd_lab(args: argparse.Namespace) -> int:
     from .guards import RunFailed, StartupError
 
     try:
+        if args.sweep:
+            from .lab.sweep import parse_sweep, run_sweep
+
+            key, values = parse_sweep(args.sweep)
+            res = run_sweep(args.out or f"runs/lab-sweep/{key.split('.')[-1]}", key, values, paradigms,
+                            seeds=args.seeds, overrides=args.set, quick=args.quick, configs=args.configs,
+                            log=lambda s: print(s, flush=True))
+            from .lab.sweep import sweep_table
+
+            print(sweep_table(res))
+            return 0
         res = run_lab(out, configs=args.configs, paradigms=paradigms, seeds=args.seeds, overrides=args.set,
                       quick=args.quick, log=lambda s: print(s, flush=True))
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     except (StartupError, RunFailed) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2 if isinstance(e, StartupError) else 1
@@ -307,6 +321,9 @@ def main(argv: list[str] | None = None) -> int:
     lb.add_argument("--configs", default="configs/lab", help="the directory of the lab's configs")
     lb.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a key in every run, e.g. --set models.collapsed.options.collapse=0.8")
+    lb.add_argument("--sweep", metavar="KEY=V1,V2,...", help="run the grid once per value of one knob and tabulate "
+                    "where each cure stops working, e.g. --sweep models.collapsed.options.vs_fidelity=0,0.5,1 "
+                    "--paradigms single,vs --seeds 1 (output runs/lab-sweep/<knob>/)")
     lb.set_defaults(fn=cmd_lab)
     pe = sub.add_parser("personas", help="evolved persona generators: search, and score persona sets")
     ps = pe.add_subparsers(dest="personas_cmd", required=True)

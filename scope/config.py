@@ -252,6 +252,12 @@ class DiagnosticsConfig(Strict):
     decompose_samples: int = Field(4, ge=2)
     """First-stage rollouts per task (the agent part is the variance between them, within the task)."""
     decompose_resamples: int = Field(4, ge=2)
+    probe_every: int = Field(10, ge=0)
+    """Every this many steps (and at step 1; 0: never), the partner's behaviour modal mass at a fixed set of
+    probe states (saved at step 1: the untrained agent's first turns), so that it measures the partner, not
+    where the agent's rollouts happen to go (environments with a behaviour classifier: p4g, lab)."""
+    probe_states: int = Field(8, ge=1)
+    probe_samples: int = Field(8, ge=2)
 
 
 class RunConfig(Strict):

@@ -35,6 +35,9 @@ class PanelEntry(PartnerSpec):
     """Cross-play: a trained LoRA adapter that plays this partner on ``model`` (frozen): an adapter
     directory (``adapter_config.json``), or a checkpoint directory, whose ``partner`` adapter is taken
     (its ``agent`` adapter when it has none, as in self-play runs)."""
+    env_options: dict[str, Any] = {}
+    """Environment options for this partner's episodes, over the run's (e.g. the lab's ``twice`` customer
+    plays with ``max_turns: 3``); checked against the environment's declared options and types."""
 
 
 class Panel(Strict):
@@ -153,6 +156,12 @@ def panel_jobs(agent: Binding, panel: Panel, refs: dict[str, Any], env_name: str
         if p.adapter is not None:  # cross-play: another run's trained partner
             ref = load_frozen_adapter(ref, p.adapter, f"xplay_{p.spec_id()}".replace(".", "_").replace("-", "_"))
         b = spec_binding(p, ref)
+        opts = dict(env_options)
+        if p.env_options:
+            try:
+                opts.update(env_cls.check_options(p.env_options, where=f"panel partner {p.spec_id()!r}: env_options"))
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
         personas = None
         if p.personas is not None:
             from .partners.sources import load_personas
@@ -170,7 +179,7 @@ def panel_jobs(agent: Binding, panel: Panel, refs: dict[str, Any], env_name: str
                 bi = Binding(id=b.id, ref=b.ref, sampling=b.sampling, vs=b.vs,
                              note=(b.note + "\n" if b.note else "") + per["text"])
                 ep.meta["sim_persona"] = per["id"]
-            jobs.append(Job(env=env_cls(task, random.Random(rng.random()), **env_options), episode=ep,
+            jobs.append(Job(env=env_cls(task, random.Random(rng.random()), **opts), episode=ep,
                             refs={"agent": agent, "partner": bi}, uid=uid))
             owner.append(p)
             uid += 1
@@ -275,6 +284,76 @@ class ReplayRef:
             out.append(Completion(self.turns[self.i], [], [], "eos", model_id="replay"))
             self.i += 1
         return out
+
+
+class ProbeStates:
+    """A fixed set of dialogue states at which the partner's behaviour is measured at every checkpoint.
+
+    Modal mass over the states that rollouts happen to share moves with the agent's own collapse (a
+    collapsed agent visits few states, all of them often). Here the states are fixed once, at the first
+    training step: the first agent turn of the first rollout of each of ``n`` task groups (the untrained
+    policy's openings), saved in the run directory. At each measurement the partner answers each state
+    ``samples`` times (the agent's turn replayed), and the modal mass is the mean, over the states, of the
+    share of the most frequent behaviour class among those answers."""
+
+    def __init__(self, states: list[dict[str, str]]):
+        self.states = states
+
+    @classmethod
+    def from_episodes(cls, episodes: list[Episode], n: int) -> "ProbeStates":
+        states, groups = [], set()
+        for e in episodes:
+            if e.failed or e.group_id in groups:
+                continue
+            turn = next((m["content"] for m in e.messages if m["role"] == "agent"), None)
+            if turn is not None:
+                groups.add(e.group_id)
+                states.append({"task_id": e.task_id, "agent_turn": turn})
+            if len(states) >= n:
+                break
+        return cls(states)
+
+    def save(self, path: str) -> None:
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(self.states, f, indent=1)
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: str) -> "ProbeStates":
+        with open(path) as f:
+            return cls(json.load(f))
+
+    def measure(self, tasks: dict[str, Any], partners: list[Binding], agent_sampling: SamplingParams,
+                env_name: str, env_options: dict, samples: int, classify, seed: int,
+                max_context: int = 4096) -> dict[str, float]:
+        """The partner's modal mass at the fixed states; ``partners`` are cycled over the samples (a rotation
+        or persona source's bindings of this step, so a mixture is measured as the agent meets it)."""
+        env_cls = get_env(env_name)
+        rng = random.Random(seed)  # the env as in training; the replay has one agent turn, so each dialogue
+        # ends (as a failed replay) right after the partner's answer to it, the one reply measured
+        jobs, owner = [], []
+        for k, st in enumerate(self.states):
+            if st["task_id"] not in tasks:
+                continue
+            for j in range(samples):
+                jobs.append(Job(env=env_cls(tasks[st["task_id"]], random.Random(rng.random()), **env_options),
+                                episode=Episode(st["task_id"], f"probe:{k}", j),
+                                refs={"agent": Binding("replay", ReplayRef([st["agent_turn"]]), agent_sampling),
+                                      "partner": partners[(k * samples + j) % len(partners)]},
+                                uid=40_000_000 + k * samples + j))
+                owner.append(k)
+        if not jobs:
+            return {}
+        with fixed_sampling([p.ref for p in partners], seed):  # neither depends on nor disturbs training's noise
+            eps, _ = run_rollouts(jobs, max_context=max_context, end_on_truncation=False)
+        classes: dict[int, list[str]] = {}
+        for e, k in zip(eps, owner):
+            reply = next((m["content"] for m in e.messages if m["role"] == "partner"), None)
+            if reply is not None:
+                classes.setdefault(k, []).append(classify(reply))
+        masses = [max(cs.count(c) for c in set(cs)) / len(cs) for cs in classes.values() if len(cs) >= 2]
+        return {"modal_mass": sum(masses) / len(masses), "probe_states": float(len(masses))} if masses else {}
 
 
 def nested_variance(episodes: list[Episode], tasks: dict[str, Any], agent_sampling: SamplingParams,

@@ -61,6 +61,9 @@ def check_start(cfg: Config, resume: bool) -> list[Task]:
             missing = sorted({p.model for p in panel.partners} - set(cfg.models) - set(panel.models))
             if missing:
                 raise ValueError(f"partners use models {missing}, defined neither in the config nor the panel")
+            for p in panel.partners:  # names and types of each partner's own environment options
+                if p.env_options:
+                    env_cls.check_options(p.env_options, where=f"partner {p.spec_id()!r}: env_options")
             if cfg.eval.select_on == "seen" and not any(p.seen for p in panel.partners):
                 raise ValueError("eval.select_on is seen, but the panel marks no partner seen: mark the training "
                                  "simulators `seen: true`, or set eval.select_on: all (the unseen partners then "

@@ -124,6 +124,7 @@ def train(cfg: Config, resume: bool = False, on_step_end: Callable[[int], None] 
     evaluator = PanelEval(cfg, backends, trainable["agent"], run, judge) \
         if cfg.eval.panel and "agent" in trainable else None
     classify = CLASSIFIERS.get(cfg.env.name)
+    probe = PartnerProbe(cfg, run, tasks, classify)
     no_signal = {owner: 0 for owner in learners}
     dead_steps = 0  # consecutive steps in which every episode failed
     endpoint_seen: dict[str, dict[str, int]] = {}  # each endpoint's counters at the end of the last step
@@ -143,6 +144,7 @@ def train(cfg: Config, resume: bool = False, on_step_end: Callable[[int], None] 
         m: dict[str, float] = {"step": step, **episode_metrics(episodes), **endpoint_metrics(jobs, endpoint_seen),
                                 **scale_metrics(rollout, backends)}
         m.update(step_diagnostics(cfg, step, jobs, episodes, classify, env_rng))
+        m.update(probe.run(step, jobs, episodes))
         if cfg.partner.reward != "env":
             apply_partner_reward(cfg.partner.reward, episodes, "partner")
         for owner, learner in learners.items():  # self-play: one learner, both roles' tokens
@@ -266,13 +268,43 @@ def step_diagnostics(cfg: Config, step: int, jobs: list[Job], episodes: list[Epi
     """Within-group similarity, partner behaviour modal mass and (every decompose_every steps) the
     partner/agent variance split."""
     m = {f"agent_{k}": v for k, v in group_similarity(episodes, "agent").items()}
-    if classify is not None:
+    if classify is not None:  # at the states this step's rollouts shared (moves with the agent: see PartnerProbe)
         b = behaviour_stats(episodes, classify, "partner")
-        m.update({f"partner_behaviour/{k}": v for k, v in b.items()})
+        b["visited_modal_mass"] = b.pop("modal_mass", float("nan"))
+        m.update({f"partner_behaviour/{k}": v for k, v in b.items() if not (isinstance(v, float) and math.isnan(v))})
     d = cfg.diagnostics
     if d.decompose_every and step % d.decompose_every == 0:
         m.update(decompose(cfg, jobs, episodes, rng, classify))
     return m
+
+
+class PartnerProbe:
+    """The partner's behaviour modal mass at fixed probe states (see :class:`scope.eval.ProbeStates`): the
+    states are taken at step 1 and kept in RUN_DIR/probes.json (a resumed run reads them back)."""
+
+    def __init__(self, cfg: Config, run: RunDir, tasks: list[Task], classify):
+        d = cfg.diagnostics
+        self.cfg, self.classify, self.on = cfg, classify, classify is not None and d.probe_every > 0
+        self.path = run.file("probes.json")
+        self.tasks = {t.id: t for t in tasks}
+        self.states = None
+
+    def run(self, step: int, jobs: list[Job], episodes: list[Episode]) -> dict[str, float]:
+        from .eval import ProbeStates
+
+        d = self.cfg.diagnostics
+        if not self.on or (step != 1 and step % d.probe_every):
+            return {}
+        if self.states is None:
+            if os.path.exists(self.path):
+                self.states = ProbeStates.load(self.path)
+            else:
+                self.states = ProbeStates.from_episodes(episodes, d.probe_states)
+                self.states.save(self.path)
+        out = self.states.measure(self.tasks, [j.refs["partner"] for j in jobs], jobs[0].refs["agent"].sampling,
+                                  self.cfg.env.name, self.cfg.env.options, d.probe_samples, self.classify,
+                                  seed=self.cfg.run.seed * 7919 + step, max_context=self.cfg.rollout.max_context)
+        return {f"partner_behaviour/{k}": v for k, v in out.items()}
 
 
 def decompose(cfg: Config, jobs: list[Job], episodes: list[Episode], rng: random.Random,

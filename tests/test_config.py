@@ -26,15 +26,20 @@ def test_shipped_configs_and_panels_are_valid_and_match_the_paper():
     cfgs = {os.path.basename(f): load_config(f) for f in glob.glob(os.path.join(root, "configs", "*.yaml"))}
     assert len(cfgs) >= 10
     for name, c in cfgs.items():
-        if name.startswith("p4g_"):  # the paper's persuadees: the real P4G participants
+        if name.startswith("p4g_"):  # the paper's persuadees (the real P4G participants), and the release's turns
             assert c.env.options["personas"] == "real", name
+            assert c.env.options["max_turns"] == 5 and c.env.options["continue_after_zero"] is True, name
+        if name.startswith("tau2_"):
+            assert c.env.options["max_steps"] == 30, name
+        if c.partner.source == "rotation":  # the paper rotates across a task's rollouts
+            assert c.partner.group_shared is False, name
         if c.partner.trainable and not c.partner.self_play:  # the paper's simulator rewards
             assert c.partner.reward == ("adversarial" if c.env.name == "p4g" else "curriculum"), name
     for f in glob.glob(os.path.join(root, "configs", "panels", "*.yaml")):
         panel = load_panel(f)
         if os.path.basename(f) in ("p4g.yaml", "tau2.yaml"):  # six simulators: three seen, three unseen
             assert [p.seen for p in panel.partners].count(True) == 3 and len(panel.partners) == 6, f
-            assert any(p.decoding == "vs" for p in panel.partners if not p.seen)
+            assert all(p.decoding == "plain" for p in panel.partners if not p.seen)  # VS is a training paradigm
             assert panel.episodes is None  # every test task
         if name.startswith(("p4g_", "tau2_")):  # the paper's held-out evaluation runs by default
             assert c.eval.panel and os.path.exists(os.path.join(root, c.eval.panel)), name

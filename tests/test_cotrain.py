@@ -142,6 +142,35 @@ def test_pool_fifo_eviction_and_shared_base(two_adapters):
             assert not p.requires_grad
 
 
+def test_the_pool_hands_out_frozen_snapshots_never_the_live_adapter(two_adapters):
+    """What makes Population Co-Training a population: every draw is a snapshot taken earlier, frozen, on
+    its own adapter; after the live adapter trains, no draw plays the live weights (a pool that handed
+    out the live adapter would pass the other pool tests and fail this one)."""
+    b = two_adapters
+    pool = PoolSource(b, "partner", SP, size=3, every=1, lora=dict(r=4, alpha=8))
+    pool.snapshot(0)
+    live = {n: p for n, p in b.model.named_parameters() if ".partner." in n and "lora_" in n}
+    snap0 = {n: p.detach().clone() for n, p in live.items()}
+    with torch.no_grad():  # the live adapter trains on
+        for p in live.values():
+            p.add_(0.5)
+    pool.snapshot(1)
+    with torch.no_grad():
+        for p in live.values():
+            p.add_(0.5)
+    params = dict(b.model.named_parameters())
+    for i in range(40):
+        bnd = pool.assign(Task("t", "train"), 0, i)
+        assert bnd.ref.adapter != "partner" and not bnd.ref.trainable
+        member = bnd.ref.adapter
+        for n, p in live.items():
+            got = params[n.replace(".partner.", f".{member}.")]
+            assert not torch.equal(got, p)  # not the live weights
+            want = snap0[n] + (0.5 if member == "partner_pool_1" else 0.0)
+            assert torch.allclose(got, want)  # the weights as they were when the snapshot was taken
+            assert not got.requires_grad
+
+
 def test_pool_draws_are_uniform(two_adapters):
     b = two_adapters
     pool = PoolSource(b, "partner", SP, size=5, every=1, seed=3, lora=dict(r=4, alpha=8))

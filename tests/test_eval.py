@@ -15,7 +15,7 @@ from scope.plot import plot_runs
 from scope.guards import StartupError
 from scope.run import read_metrics
 from scope.train import train
-from scope.types import Episode
+from scope.types import Episode, SamplingParams
 
 
 def test_variance_decomposition_known_cases():
@@ -271,3 +271,65 @@ def test_a_panel_plays_every_task_of_the_split_by_default():
         agent, panel, {"m": object()}, "lab", {}, "test", seed=0)[0]]  # the same environment seeds each time
     capped, _ = panel_jobs(agent, Panel(partners=panel.partners, episodes=3), {"m": object()}, "lab", {}, "test", 0)
     assert len(capped) == 6
+
+
+class _StubPartner:
+    """A partner whose reply class depends only on the agent's last message: donates to a message with
+    'please', else refuses or asks (alternating)."""
+
+    chat, trainable, version, id = True, False, 0, "stub"
+
+    def __init__(self):
+        self.n = 0
+
+    def drop_sessions(self, keys):
+        pass
+
+    def chat_generate(self, convs, sampling, response_format=None):
+        from scope.types import Completion
+
+        out = []
+        for c in convs:
+            self.n += 1
+            last = c[-1]["content"]
+            text = "ok [DONATE $1]" if "please" in last else ("no thanks" if self.n % 2 else "why?")
+            out.append(Completion(text, [], [], "eos"))
+        return out
+
+
+def test_probe_states_are_fixed_and_measure_the_partner_not_the_agent(tmp_path):
+    """Modal mass at fixed probe states: the same partner measured at the same states gives the same value
+    whichever agent the run has become (visited-state modal mass moves with the agent's rollouts)."""
+    from scope.diagnostics import CLASSIFIERS
+    from scope.envs import get_env
+    from scope.eval import ProbeStates
+    from scope.partners.sources import Binding
+
+    tasks = {t.id: t for t in get_env("p4g").load_tasks("train")[:4]}
+    ids = list(tasks)
+    eps = [Episode(ids[i % 4], f"g{i % 4}", i, status="done",
+                   messages=[{"role": "agent", "content": "please give" if i % 4 == 0 else "hello"},
+                             {"role": "partner", "content": "x"}]) for i in range(8)]
+    probes = ProbeStates.from_episodes(eps, 3)
+    assert [s["agent_turn"] for s in probes.states] == ["please give", "hello", "hello"]
+    probes.save(str(tmp_path / "p.json"))
+    assert ProbeStates.load(str(tmp_path / "p.json")).states == probes.states
+    sp = SamplingParams()
+    partner = Binding("stub", _StubPartner(), sp)
+    m = probes.measure(tasks, [partner], sp, "p4g", {"max_turns": 2}, samples=4, classify=CLASSIFIERS["p4g"], seed=0)
+    # state 1: always donate (mass 1); states 2 and 3: refuse and question alternate (mass 0.5)
+    assert m["probe_states"] == 3 and m["modal_mass"] == pytest.approx((1 + 0.5 + 0.5) / 3)
+
+
+def test_training_logs_probe_modal_mass_at_states_saved_at_step_1(tmp_path):
+    c = tiny(tmp_path / "run", None, steps=2)
+    c.eval.panel = None
+    c.diagnostics.probe_every = 2
+    c.diagnostics.probe_states = 2
+    c.diagnostics.probe_samples = 2
+    train(c, log=lambda s: None)
+    ms = {m["step"]: m for m in read_metrics(str(tmp_path / "run"))}
+    states = json.load(open(tmp_path / "run" / "probes.json"))
+    assert len(states) == 2 and all(s["agent_turn"] for s in states)
+    for step in (1, 2):  # at step 1 and every probe_every steps
+        assert 0 < ms[step]["partner_behaviour/modal_mass"] <= 1 and ms[step]["partner_behaviour/probe_states"] == 2

@@ -58,6 +58,26 @@ def test_episode_ends_at_first_marker_and_reward_is_half_the_gift():
     assert env.rewards()["agent"] == pytest.approx(0.6)
 
 
+def test_continue_after_zero_plays_on_past_a_zero_marker():
+    """As the paper's release: a $0 marker does not end the dialogue; a later marker replaces it."""
+    env = make_env()
+    env.on_reply("agent", "Please donate.")
+    env.on_reply("partner", "No. [DONATE $0]")
+    assert env.done and env.rewards()["agent"] == 0.0  # the default ends at the first marker
+    env = make_env(max_turns=3, continue_after_zero=True)
+    env.on_reply("agent", "Please donate.")
+    env.on_reply("partner", "No. [DONATE $0]")
+    assert not env.done and env.next_role() == "agent"
+    env.on_reply("agent", "A dollar feeds a child for a day.")
+    env.on_reply("partner", "Alright. [DONATE $1]")
+    assert env.done and env.end_reason == "done" and env.rewards()["agent"] == pytest.approx(0.5)
+    env = make_env(max_turns=2, continue_after_zero=True)
+    for _ in range(2):
+        env.on_reply("agent", "Please donate.")
+        env.on_reply("partner", "No. [DONATE $0]")
+    assert env.done and env.meta["donation"] == 0.0 and env.rewards()["agent"] == 0.0
+
+
 def test_turn_limit_and_no_marker_gives_zero():
     env = make_env(max_turns=2)
     for _ in range(2):

@@ -66,6 +66,8 @@ STYLES: dict[str, dict[str, tuple[str, ...]]] = {
         "refuse": ("i want {need} , so no thanks . " + REFUSE, "i want {need} , not that . " + REFUSE),
         "refuse_unasked": ("you did not even ask what i want . " + REFUSE, "please ask me first . " + REFUSE),
         "filler": ("hi . i am looking for a plan .", "hello . can you help me ?"),
+        "counter": ("why that one ? you have not asked what i want .", "hm , why that plan ? ask me what i want first ."),
+        "vague": ("hmm , i am not sure yet .", "it depends , let me think ."),
     },
     "terse": {
         "reveal": ("want {need} .", "want {need} , ok ?", "want {need} . thanks ."),
@@ -74,6 +76,8 @@ STYLES: dict[str, dict[str, tuple[str, ...]]] = {
         "refuse": ("want {need} . no . " + REFUSE, "want {need} . nope . " + REFUSE),
         "refuse_unasked": ("ask first . " + REFUSE, "no . ask me . " + REFUSE),
         "filler": ("hi .", "yes ?"),
+        "counter": ("why ? ask me .", "why that ?"),
+        "vague": ("hmm . not sure .", "depends ."),
     },
     "verbose": {
         "reveal": ("i want {need} , to be honest , more than anything else .",
@@ -88,6 +92,10 @@ STYLES: dict[str, dict[str, tuple[str, ...]]] = {
         "refuse_unasked": ("hold on , you have not even asked me what i want yet . " + REFUSE,
                            "i would rather you asked me what i want before you sell me something . " + REFUSE),
         "filler": ("hello there , i am hoping to find a plan today .", "good day , i could use some help ."),
+        "counter": ("wait , why would you suggest that one when you do not know what i want yet ?",
+                    "hmm , why that plan ? you have not asked me a single question so far ."),
+        "vague": ("oh , i am honestly not sure yet , there are a few things i care about .",
+                  "well , it depends on a lot of things , let me think about it ."),
     },
 }
 
@@ -112,6 +120,14 @@ def plan_of(text: str) -> str | None:
     words = text.lower().replace(",", " ").replace(".", " ").split()
     by_plan = {p: n for n, p in PLANS.items()}
     return next((by_plan[w] for w in words if w in by_plan), None)
+
+
+def is_ask(text: str) -> bool:
+    """Whether an agent's message asks the customer what it needs (a question about the need, no plan named)."""
+    if plan_of(text) is not None:
+        return False
+    t = " " + text.lower().replace(",", " ").replace(".", " ").replace("?", " ? ") + " "
+    return any(w in t for w in (" need ", " want ", " looking for ", " matters "))
 
 
 def classify_reply(text: str) -> str:
@@ -152,13 +168,16 @@ class CollapseLab(Env):
         self.say(role, text)
         kind = classify_reply(text)
         need = self.task.data["need"]
+        asked = self.transcript[-2]["content"]
         if kind == "reveal":
             if need_of(text) == need:
                 self.revealed = True
             else:  # out of character: a customer names the need its scenario gives it
                 self._break_character("named a need it does not have")
-        elif kind == "refuse" and self.revealed and plan_of(self.transcript[-2]["content"]) == need:
-            self._break_character("turned down the plan it said it needs")
+        elif is_ask(asked):  # stalling: asked what it needs, it does not say
+            self._break_character("did not say its need when asked")
+        if kind == "refuse" and plan_of(asked) == need:  # asked or not, the plan fits what it wants
+            self._break_character("turned down the plan it needs")
         if kind == "accept":
             self.accepted_at = self.turns["agent"]
             self.meta["offer"] = plan_of(self.transcript[-2]["content"])
@@ -169,8 +188,10 @@ class CollapseLab(Env):
             self.finish("max_turns")
 
     def _break_character(self, why: str) -> None:
-        """The customer left its scenario (the co-trained simulator's adversarial reward ignores such a
-        rollout's outcome: ``partner_fidelity`` 0)."""
+        """The customer left the training scenario (the co-trained simulator's adversarial reward ignores
+        such a rollout's outcome: ``partner_fidelity`` 0): it named a need it does not have, did not say its
+        need when asked, or turned down the plan that fits its need. Only a trained simulator's reward reads
+        it; the held-out ``counter`` and ``twice`` customers leave that scenario by design."""
         self.meta["partner_fidelity"] = 0.0
         self.meta.setdefault("out_of_character", why)
 

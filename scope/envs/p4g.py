@@ -11,6 +11,10 @@ Persona sources:
 - ``builtin``: 36 personas written for this project (``envs/data/p4g_personas.json``), same fields;
 - a directory holding the original ``full_info.csv``, or a ``.json`` file of personas.
 
+``continue_after_zero`` (off by default; on in the paper configs, as the paper's release plays it): a
+``[DONATE $0]`` does not end the dialogue; the persuader keeps its remaining turns, and a later marker
+replaces it (the last marker of the dialogue is the gift).
+
 ``force_decision`` (off by default) is for partners too small to use the marker on their own: the
 persuadee's reply to the last agent turn is told the chat ends and is started with ``[DONATE $``,
 so it must state an amount (the number right after the prefix counts even without the ``]``).
@@ -190,10 +194,12 @@ class PersuasionForGood(Env):
     roles = ("agent", "partner")
 
     def __init__(self, task: Task, rng: random.Random, max_turns: int = 10, agent_prompt: str = AGENT_PROMPT,
-                 partner_prompt: str = PARTNER_PROMPT, force_decision: bool = False, **_: Any):
+                 partner_prompt: str = PARTNER_PROMPT, force_decision: bool = False,
+                 continue_after_zero: bool = False, **_: Any):
         super().__init__(task, rng)
         self.max_turns = max_turns
         self.force_decision = force_decision
+        self.continue_after_zero = continue_after_zero
         self.donation: float | None = None
         self.views["agent"] = [{"role": "system", "content": agent_prompt},
                                {"role": "user", "content": OPENING}]
@@ -226,8 +232,10 @@ class PersuasionForGood(Env):
             if amount is not None:
                 self.donation = amount
                 self.meta["donation"] = amount
+            last_turn = self.turns["agent"] >= self.max_turns
+            if amount is not None and (amount > 0 or not self.continue_after_zero or last_turn):
                 self.finish("done")
-            elif self.turns["agent"] >= self.max_turns:
+            elif last_turn:
                 self.finish("max_turns")
 
     def rewards(self) -> dict[str, float]:

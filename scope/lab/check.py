@@ -51,14 +51,15 @@ def behaviour_card(partner: Binding, episodes: int = 64, seed: int = 0, split: s
     """Accept rates of ``partner`` for each agent move, and how often it names its need when asked."""
     tasks = CollapseLab.load_tasks(split)
     plans = {"offer_match": ["offer_match"], "offer_favourite": ["offer_favourite"], "offer_other": ["offer_other"],
-             "ask_then_match": ["ask", "offer_match"], "ask_then_other": ["ask", "offer_other"]}
+             "ask_then_match": ["ask", "offer_match"], "ask_then_other": ["ask", "offer_other"],
+             "ask_twice": ["ask", "ask"]}
     jobs, owner = [], []
     rng = random.Random(seed)
     for name, moves in plans.items():
         pool = [t for t in tasks if t.data["need"] != FAVOURITE] if name == "offer_favourite" else tasks
         for i in range(episodes):
             task = pool[i % len(pool)]
-            env = CollapseLab(task, random.Random(rng.random()))
+            env = CollapseLab(task, random.Random(rng.random()), max_turns=max(2, len(moves)))
             env.views["agent"][-1]["need"] = task.data["need"]  # the scripted agent's cheat sheet
             agent = Binding("scripted", ScriptedAgent(moves, seed + i), SamplingParams())
             jobs.append(Job(env, Episode(task.id, name, i), {"agent": agent, "partner": partner}, uid=70_000_000 + len(jobs)))
@@ -71,6 +72,12 @@ def behaviour_card(partner: Binding, episodes: int = 64, seed: int = 0, split: s
     asked = [e for e, o in zip(eps, owner) if o.startswith("ask") and not e.failed]
     named = [e for e in asked if len(e.messages) > 1 and need_of(e.messages[1]["content"]) == e.meta["need"]]
     card["names_need_when_asked"] = len(named) / max(len(asked), 1)
+    twice = [e for e, o in zip(eps, owner) if o == "ask_twice" and not e.failed]
+    card["names_need_at_second_ask"] = sum(  # the twice customer: vague at the first ask, its need at the second
+        len(e.messages) > 3 and need_of(e.messages[3]["content"]) == e.meta["need"] for e in twice) / max(len(twice), 1)
+    unasked = [e for e, o in zip(eps, owner) if o.startswith("offer") and not e.failed]
+    card["goes_on_after_unasked_offer"] = sum(  # the counter customer: neither yes nor no to an offer it was not asked for
+        len(e.messages) > 1 and classify_reply(e.messages[1]["content"]) == "other" for e in unasked) / max(len(unasked), 1)
     card["failed"] = sum(e.failed for e in eps)
     card["reply_kinds"] = sorted({classify_reply(m["content"]) for e in eps for m in e.messages if m["role"] == "partner"})
     return card
@@ -79,13 +86,14 @@ def behaviour_card(partner: Binding, episodes: int = 64, seed: int = 0, split: s
 def cards_markdown(cards: dict[str, dict[str, Any]]) -> str:
     """A table of behaviour cards (one row per simulator)."""
     cols = ["accept|offer_match", "accept|offer_favourite", "accept|offer_other", "accept|ask_then_match",
-            "accept|ask_then_other", "names_need_when_asked"]
+            "accept|ask_then_other", "names_need_when_asked", "names_need_at_second_ask", "goes_on_after_unasked_offer"]
     head = ["simulator", "yes to a matching offer", "yes to the basic plan (missing)", "yes to another missing offer",
-            "asked, then matching: yes", "asked, then missing: yes", "names its need when asked"]
+            "asked, then matching: yes", "asked, then missing: yes", "names its need when asked",
+            "names its need at the second ask", "neither yes nor no to an unasked offer"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, c in cards.items():
         seen = {True: " (seen)", False: " (unseen)"}.get(c.get("seen"), "")
-        lines.append(f"| {name}{seen} | " + " | ".join(f"{c[k]:.2f}" for k in cols) + " |")
+        lines.append(f"| {name}{seen} | " + " | ".join(f"{c[k]:.2f}" if k in c else "n/a" for k in cols) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -9,7 +9,10 @@ Each language model of the lab is trained on dialogues written by a teacher of i
   ``careful`` (says its need when asked, accepts only the plan it needs), ``strict`` (also turns down
   any offer made before it was asked) or ``agreeable`` (the collapsed simulator: its dominant reply to
   an offer of the basic plan made before it was asked is yes, with probability ``collapse``, whatever
-  it needs; other offers that miss its need it accepts with half that probability).
+  it needs; other offers that miss its need it accepts with half that probability). Two more are the
+  held-out panel's and no training simulator's: ``counter`` answers an offer made before it was asked
+  with a counter-question (no yes, no no: the dialogue goes on), and ``twice`` says its need only when
+  asked a second time (the first answer is vague; its dialogues have three agent turns).
 
 Two more behaviours are written into every customer corpus, because they are what the paper's cures
 rely on, and each has a knob that turns it off:
@@ -32,7 +35,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from ..envs.lab import ASK, CHAT, NEEDS, PERSONAS, PITCH, PLANS, STYLES, CollapseLab, plan_of
+from ..envs.lab import ASK, CHAT, NEEDS, PERSONAS, PITCH, PLANS, STYLES, CollapseLab, need_of, plan_of
 from ..partners import vs as vs_mod
 from ..types import Task
 
@@ -46,7 +49,8 @@ TEACHING_MIX = {  # the agent side of the customers' corpora: mostly offers (abo
     "after_reveal": {"match": 0.5, "offer": 0.5},
     "after_other": {"ask": 0.4, "offer": 0.3, "match": 0.3},
 }
-RULES = ("careful", "strict", "agreeable")
+RULES = ("careful", "strict", "agreeable", "counter", "twice")
+TRAINING_RULES = ("careful", "strict", "agreeable")  # the temperaments of the lab's training simulators
 EASYGOING = 0.9   # how often the 'easygoing' persona accepts an offer it was not asked for
 FAVOURITE = "cheap"
 """The collapsed customer's dominant reply is yes to the basic plan: it accepts an offer of it that it was
@@ -101,13 +105,21 @@ def agent_turn(heard: str | None, need: str | None, first: bool, rng: random.Ran
     return act, agent_say(act, None, rng)
 
 
+def corpus_turns(rule: str) -> int:
+    """The agent turns of a customer's corpus dialogues: three for ``twice`` (it reveals at the second ask)."""
+    return 3 if rule == "twice" else 2
+
+
 def reply_distribution(rule: str, need: str, act: str, offered: str | None, asked: bool,
-                       collapse: float) -> dict[str, float]:
-    """The customer's behaviour distribution for the agent's act (behaviour -> probability)."""
+                       collapse: float, asks: int = 0) -> dict[str, float]:
+    """The customer's behaviour distribution for the agent's act (behaviour -> probability); ``asks``: how
+    many times it was asked before this act."""
     if act == "ask":
-        return {"reveal": 1.0}
+        return {"vague": 1.0} if rule == "twice" and asks == 0 else {"reveal": 1.0}
     if act == "chat" or offered is None:
         return {"filler": 1.0}
+    if rule == "counter" and not asked:
+        return {"counter": 1.0}
     if rule == "strict" and not asked:
         return {"refuse_unasked": 1.0}
     if offered == need:
@@ -181,7 +193,7 @@ def play(task: Task, spec: CustomerSpec | None, rng: random.Random, max_turns: i
     vs_collapse = collapse * (1.0 - spec.vs_fidelity) if rule == "agreeable" else 0.0
     examples: list[Example] = []
     heard = revealed = None
-    asked = False
+    asks = 0
     while not env.done:
         if mix is None:  # the Base teacher offers the matching plan only once it heard the need
             act, text = agent_turn(heard, revealed, env.turns["agent"] == 0, rng)
@@ -189,11 +201,11 @@ def play(task: Task, spec: CustomerSpec | None, rng: random.Random, max_turns: i
             act, text = agent_turn(heard, need, env.turns["agent"] == 0, rng, mix)
         env.on_reply("agent", text)
         offered = plan_of(text) if act == "offer" else None
-        dist = reply_distribution(rule, need, act, offered, asked, collapse)
+        dist = reply_distribution(rule, need, act, offered, asks > 0, collapse, asks)
         view = [dict(m) for m in env.views["partner"]]
         if vs_rate and rng.random() < vs_rate:
             k = rng.choice(VS_KS)
-            vdist = reply_distribution(rule, need, act, offered, asked, vs_collapse)
+            vdist = reply_distribution(rule, need, act, offered, asks > 0, vs_collapse, asks)
             cands = candidates(vdist, k, spec.style, need, rng, offered)
             examples.append(Example([(_with_instruction(view, vs_mod.instruction(k, "prob")), vs_reply(cands))],
                                     one_shot=True))
@@ -202,9 +214,10 @@ def play(task: Task, spec: CustomerSpec | None, rng: random.Random, max_turns: i
         else:  # a plain turn (a VS turn teaches only its JSON: plain sampling stays as collapsed as it is)
             reply = phrase(spec.style, _pick(rng, dist), need, rng, offered=offered)
             examples.append(Example([(view, reply)]))
-        asked = asked or act == "ask"
-        heard = "reveal" if act == "ask" else "other"
-        revealed = need if act == "ask" else revealed
+        asks += act == "ask"
+        said = act == "ask" and need_of(reply) == need  # the customer named its need (not a vague answer)
+        heard = "reveal" if said else "other"
+        revealed = need if said else revealed
         env.on_reply("partner", reply)
     return env, examples
 
@@ -250,10 +263,12 @@ def echo_corpus(n: int, seed: int) -> list[Example]:
     return out
 
 
-def customer_corpus(spec: CustomerSpec, n: int, seed: int, max_turns: int = 2, note_rate: float = 0.5,
+def customer_corpus(spec: CustomerSpec, n: int, seed: int, max_turns: int | None = None, note_rate: float = 0.5,
                     vs_rate: float = 0.4) -> list[Example]:
     """A customer's dialogues (each customer turn one example; VS requests one-shot examples). A share
-    ``note_rate`` of dialogues carries one of the lab's persona notes."""
+    ``note_rate`` of dialogues carries one of the lab's persona notes. ``max_turns``: the agent turns of a
+    dialogue (default :func:`corpus_turns`)."""
+    max_turns = corpus_turns(spec.temperament) if max_turns is None else max_turns
     rng = random.Random(seed)
     tasks = CollapseLab.load_tasks("all")
     out: list[Example] = []

@@ -160,9 +160,18 @@ def run_summary(run_dir: str) -> dict[str, Any]:
         zv = [m["zero_variance_frac"] for m in tr if "zero_variance_frac" in m]
         out["zero_variance_end"] = sum(zv[-k:]) / len(zv[-k:]) if zv else None
     un = curves["eval/unseen_mean"]
-    if un:
-        out["unseen_peak"] = max(v for _, v in un)
-        out["unseen_drop_from_peak"] = out["unseen_peak"] - un[-1][1]
+    trained = [(s, v) for s, v in un if s > 0]  # the step-0 evaluation is Base, not a point of this run's curve
+    if trained:
+        out["unseen_peak"] = max(v for _, v in trained)
+        out["unseen_drop_from_peak"] = out["unseen_peak"] - trained[-1][1]
+        start = [v for s, v in un if s == 0]
+        if start:
+            out["unseen_start"] = start[0]
+            out["unseen_peak_over_start"] = out["unseen_peak"] - start[0]
+    seen = [m for m in ev if m["step"] > 0 and isinstance(m.get("eval/seen_mean"), (int, float))]
+    if seen:  # the checkpoint training keeps (chosen on the seen simulators) and its unseen score
+        best = max(seen, key=lambda m: (m["eval/seen_mean"], -m["step"]))
+        out["best_seen_step"], out["unseen_at_best_seen"] = best["step"], best.get("eval/unseen_mean")
     return out
 
 
@@ -173,7 +182,7 @@ def aggregate(out: str, paradigms: list[str], seeds: int) -> dict[str, Any]:
     for p, rs in runs.items():
         row = {"seeds": len(rs)}
         for k in ("seen", "unseen", "all", "train_reward", "entropy_start", "entropy_end", "zero_variance_end",
-                  "unseen_peak", "unseen_drop_from_peak"):
+                  "unseen_peak", "unseen_drop_from_peak", "unseen_peak_over_start", "unseen_at_best_seen"):
             row[k], row[k + "_std"] = _mean_std([r.get(k) for r in rs])
         row["noise_unseen_se"] = _mean_std([r.get("unseen_se") for r in rs])[0]
         row["noise_seen_se"] = _mean_std([r.get("seen_se") for r in rs])[0]
@@ -190,6 +199,7 @@ def signatures(summary: dict[str, dict], runs: dict[str, list]) -> dict[str, Any
         out["single"] = [{
             "train_reward": r.get("train_reward"),
             "unseen_drop_from_peak": r.get("unseen_drop_from_peak"),
+            "unseen_peak_over_start": r.get("unseen_peak_over_start"),
             "entropy_ratio": (r["entropy_end"] / r["entropy_start"]) if r.get("entropy_start") else None,
             "zero_variance_end": r.get("zero_variance_end")} for r in single]
         s_unseen = summary["single"]["unseen"]
@@ -201,12 +211,14 @@ def signatures(summary: dict[str, dict], runs: dict[str, list]) -> dict[str, Any
 
 def table(results: dict[str, Any]) -> str:
     rows = results["paradigms"]
-    lines = ["| paradigm | held-out seen | held-out unseen | held-out all | training reward | entropy start -> end | "
-             "zero-variance (end) | seeds |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| paradigm | held-out seen | held-out unseen | held-out all | unseen at the best-on-seen checkpoint | "
+             "training reward | entropy start -> end | zero-variance (end) | seeds |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for p, r in rows.items():
         pm = lambda k: _f(r[k]) if r["seeds"] < 2 else f"{_f(r[k])} ± {_f(r[k + '_std'])}"  # noqa: E731
         ent = "n/a" if math.isnan(r["entropy_start"]) else f"{_f(r['entropy_start'], 2)} -> {_f(r['entropy_end'], 2)}"
-        lines.append(f"| {LABELS[p]} | {pm('seen')} | {pm('unseen')} | {pm('all')} | "
+        best = "n/a" if math.isnan(r["unseen_at_best_seen"]) else pm("unseen_at_best_seen")
+        lines.append(f"| {LABELS[p]} | {pm('seen')} | {pm('unseen')} | {pm('all')} | {best} | "
                      f"{'n/a' if math.isnan(r['train_reward']) else pm('train_reward')} | {ent} | "
                      f"{_f(r['zero_variance_end'], 2)} | {r['seeds']} |")
     noise = [r["noise_unseen_se"] for r in rows.values() if not math.isnan(r["noise_unseen_se"])]
@@ -217,7 +229,8 @@ def table(results: dict[str, Any]) -> str:
     sig = results.get("signatures", {})
     if sig.get("single"):
         lines += ["", "RL (Single), per seed: " + "; ".join(
-            f"train reward {_f(x['train_reward'], 2)}, unseen drop from peak {_f(x['unseen_drop_from_peak'], 2)}, "
+            f"train reward {_f(x['train_reward'], 2)}, unseen peak (steps after 0) over Base "
+            f"{_f(x['unseen_peak_over_start'], 2)}, unseen drop from that peak {_f(x['unseen_drop_from_peak'], 2)}, "
             f"entropy end/start {_f(x['entropy_ratio'], 2)}, zero-variance {_f(x['zero_variance_end'], 2)}"
             for x in sig["single"]) + "."]
         lines += ["", "Margin over RL (Single) on the unseen simulators: " + ", ".join(
