@@ -26,6 +26,9 @@ from conftest import shared_path
     ("[ DONATE: 1.5 ]", 1.5),
     ("no marker here, $2 maybe", None),
     ("[DONATE $]", None),
+    ("[DONATE $" + "9" * 40 + "]", 2.0),                     # tens of digits: clipped like any large amount
+    ("[DONATE $" + "7" * 400 + ".5]", 2.0),                  # beyond a float's range too
+    ("[DONATE $0." + "0" * 30 + "1]", pytest.approx(1e-31)),
 ])
 def test_parse_donation(text, amount):
     assert parse_donation(text) == amount

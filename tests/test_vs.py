@@ -227,7 +227,23 @@ def test_an_echo_of_the_format_is_not_a_candidate_set():
     assert parse('{"responses": [{"text": "text me later", "probability": 1}]}').ok
 
 
+def test_a_broken_first_attempt_does_not_hide_a_complete_object_after_it():
+    good = {"responses": [{"text": "A", "probability": 0.6}, {"text": "B", "probability": 0.4}]}
+    for broken in ('{"responses": [{"text": "Hello there, I am\n', '{"responses": [{"text": "cut off\n\nLet me redo it. '):
+        p = parse(broken + json.dumps(good), k=2)
+        assert p.texts == ["A", "B"] and p.probs == pytest.approx([0.6, 0.4]), p
+
+
+@pytest.mark.parametrize("raw", ['{"text":"}"}' * 50, '"text":":"' * 100, '{"responses": [{"text": "}:{"}]}',
+                                 '{"":"":"' * 300 + '"text": "\"", ' * 20])
+def test_json_punctuation_alone_is_no_candidate(raw):
+    """A reply of braces, quotes and colons holds no candidate: it falls back as a reply without one does."""
+    p = parse(raw)
+    assert not p.ok and not p.texts, p
+
+
 @pytest.mark.parametrize("raw", [
+    '{"responses": [{"text": "' * 1000 + '{"responses": []}',
     "[" * 20000, "{" * 10000 + "}" * 10000, '{"responses": [' * 2000 + "]}" * 2000,
     '{"text": "' * 2000, '"text": "a", ' * 1700, "[" * 10000 + '{"text": "x"}' + "]" * 10000,
     '"\\' * 10000, '["\\' * 7000, '"' * 20000])

@@ -49,9 +49,8 @@ BUILTIN = os.path.join(os.path.dirname(__file__), "data", "p4g_personas.json")
 
 # each run of blanks belongs to exactly one part of the pattern (a blank run before ":" or "$" is tried
 # only together with it), so a long run of blanks that ends in no amount fails in linear time
-_MARKER = re.compile(r"\[[ \t]*DONATE(?:[ \t]*:)?(?:[ \t]*\$)?[ \t]*(-?\d{1,12}(?:\.\d{1,12})?)[ \t]*\]",
-                     re.IGNORECASE)
-_FORCED = re.compile(r"\[DONATE \$[ \t]*(\d{1,12}(?:\.\d{1,12})?)")
+_MARKER = re.compile(r"\[[ \t]*DONATE(?:[ \t]*:)?(?:[ \t]*\$)?[ \t]*(-?\d+(?:\.\d+)?)[ \t]*\]", re.IGNORECASE)
+_FORCED = re.compile(r"\[DONATE \$[ \t]*(\d+(?:\.\d+)?)")  # any number of digits: a huge amount clips to $2
 
 
 def parse_donation(text: str) -> float | None:

@@ -6,6 +6,8 @@ are 0 the draw is uniform); method ``random`` ignores them and draws uniformly.
 """
 from __future__ import annotations
 
+import itertools
+import json
 import math
 import random
 import re
@@ -160,13 +162,32 @@ def _usable(items: list, k: int) -> tuple[list[str], list[float]]:
             text, p = it, None
         else:
             continue
-        if not isinstance(text, str) or not text.strip() or _PLACEHOLDER.match(text.strip()):
-            continue  # empty, or the instruction's own placeholder echoed back
+        if not isinstance(text, str) or not text.strip(_JSON_PUNCT) or _PLACEHOLDER.match(text.strip()):
+            continue  # empty or JSON punctuation only, or the instruction's own placeholder echoed back
         texts.append(text.strip())
         probs.append(_prob(p))
         if len(texts) == k:
             break
     return texts, probs
+
+
+_JSON_PUNCT = " \t\r\n{}[]\":,"
+_LIST_KEY = re.compile(r'\{\s*"(?:responses|candidates|replies)"\s*:')
+_MAX_RESTARTS = 16  # decoding restarts at candidate-list keys: each reads at most the rest of the reply once
+
+
+def _restarts(raw: str):
+    """Objects decoded from each ``{"responses": ...`` in turn (at most ``_MAX_RESTARTS``): a broken first
+    attempt (an unclosed string) throws the bracket scan's idea of what is quoted off for the rest of the
+    reply, so a complete object after it is found by decoding from its own opening brace."""
+    dec = json.JSONDecoder()
+    for n, m in enumerate(_LIST_KEY.finditer(raw)):
+        if n >= _MAX_RESTARTS:
+            return
+        try:
+            yield dec.raw_decode(raw, m.start())[0]
+        except (ValueError, RecursionError):
+            continue
 
 
 def _parse(raw: Any, k: int, method: str) -> VSParse:
@@ -175,7 +196,8 @@ def _parse(raw: Any, k: int, method: str) -> VSParse:
     found_list = False
     texts: list[str] = []
     probs: list[float] = []
-    for value in json_values(raw):  # an object with a candidate list (at any depth), or a bare list
+    for value in itertools.chain(json_values(raw), _restarts(raw)):  # an object with a candidate list (at any
+        # depth), or a bare list; the restarts only when the scan found none usable
         holder = next((x for x in walk(value) if _candidate_list(x) is not None), None)
         items = _candidate_list(holder) if holder is not None else (value if isinstance(value, list) else None)
         if items is None:
