@@ -15,6 +15,13 @@ FIGURES = [
     ("zero_variance.png", "zero-variance group fraction", "zero_variance_frac", None),
     ("turns.png", "conversation turns", "turns_mean", None),
 ]
+COOP_FIGURES = [  # drawn when the runs are cooperative coding (their metrics carry coop/*)
+    ("coop_success.png", "cooperative coding: pair success rate", "coop/success_rate", None),
+    ("coop_merge_conflicts.png", "cooperative coding: share of pairs whose plain merge conflicted",
+     "coop/conflict_rate", None),
+    ("coop_messages.png", "cooperative coding: messages per episode", "coop/messages_per_episode", None),
+    ("coop_turns_to_submit.png", "cooperative coding: turns to submit", "coop/turns_to_submit", None),
+]
 
 
 def _series(ms: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
@@ -40,7 +47,8 @@ def plot_runs(run_dirs: list[str], out_dir: str) -> list[str]:
     runs = {label_of(d): read_metrics(d) for d in run_dirs}
     os.makedirs(out_dir, exist_ok=True)
     written = []
-    for fname, title, key, band in FIGURES:
+    coop = any("coop/success_rate" in m for ms in runs.values() for m in ms)
+    for fname, title, key, band in FIGURES + (COOP_FIGURES if coop else []):
         fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=100)
         drawn = False
         for label, ms in runs.items():

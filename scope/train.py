@@ -330,6 +330,26 @@ def decompose(cfg: Config, jobs: list[Job], episodes: list[Episode], rng: random
             for k, val in v.items() if not math.isnan(val)}
 
 
+def coop_metrics(episodes: list[Episode]) -> dict[str, float]:
+    """Cooperative coding's step metrics from each episode's ``meta.coop``: pair success rate, merge
+    outcomes, messages per episode (both coders), turns to submit (mean over coders), malformed replies."""
+    cs = [e.meta["coop"] for e in episodes if isinstance(e.meta.get("coop"), dict)]
+    if not cs:
+        return {}
+    n = len(cs)
+    turns = [t for c in cs for t in (c.get("turns_to_submit") or {}).values() if t is not None]
+    out = {"coop/success_rate": sum(bool(c.get("success")) for c in cs) / n,
+           "coop/conflict_rate": sum(bool(c.get("conflicts")) for c in cs) / n,
+           "coop/messages_per_episode": sum(sum((c.get("messages") or {}).values()) for c in cs) / n,
+           "coop/malformed_per_episode": sum(sum((c.get("malformed") or {}).values()) for c in cs) / n,
+           "coop/apply_error_rate": sum(bool(c.get("apply_errors")) for c in cs) / n}
+    for status in ("clean", "union", "failed"):
+        out[f"coop/merge_{status}"] = sum(c.get("merge") == status for c in cs) / n
+    if turns:
+        out["coop/turns_to_submit"] = sum(turns) / len(turns)
+    return out
+
+
 def episode_metrics(episodes: list[Episode]) -> dict[str, float]:
     ok = [e for e in episodes if not e.failed]
     rewards = [e.rewards.get("agent", 0.0) for e in ok]
@@ -348,6 +368,7 @@ def episode_metrics(episodes: list[Episode]) -> dict[str, float]:
         if gen:
             out[f"{role}_tokens_mean"] = float(np.mean(gen))
         out[f"truncated_replies/{role}"] = sum(e.meta.get("truncated_replies", {}).get(role, 0) for e in episodes)
+    out.update(coop_metrics(ok))
     vs = [v for e in episodes for v in e.meta.get("vs", [])]
     if vs:
         out["vs/fallback_frac"] = sum(v.get("fallback", False) for v in vs) / len(vs)

@@ -202,5 +202,16 @@ def test_training_modes_run_on_coop_coding(tmp_path, mode):
     assert ms[-1]["train/trained_sequences"] == (2 if mode == "frozen" else 4)  # self-play: both roles' traces
     recs = [json.loads(x) for x in open(tmp_path / "run" / "rollouts" / f"step_{steps:06d}.jsonl")]
     assert all(r["meta"]["coop"]["merge"] in ("clean", "union") for r in recs)
+    # the step metrics aggregate meta.coop, and scope plot draws them
+    m = ms[-1]
+    assert m["coop/success_rate"] == sum(r["meta"]["coop"]["success"] for r in recs) / len(recs)
+    assert m["coop/merge_clean"] + m["coop/merge_union"] + m["coop/merge_failed"] == pytest.approx(1.0)
+    assert m["coop/messages_per_episode"] == sum(sum(r["meta"]["coop"]["messages"].values()) for r in recs) / len(recs)
+    assert 1 <= m["coop/turns_to_submit"] <= 2
+    if mode == "frozen":
+        from scope.plot import plot_runs
+
+        files = plot_runs([str(tmp_path / "run")], str(tmp_path / "plots"))
+        assert {"coop_success.png", "coop_messages.png", "coop_turns_to_submit.png"} <= {os.path.basename(f) for f in files}
     if mode == "population":
         assert all(r["models"]["partner"] != r["models"]["agent"] for r in recs)  # a pool member plays
