@@ -80,8 +80,13 @@ class OpenAIRef:
         return isinstance(e, self._status_error) and getattr(e, "status_code", 0) in (408, 409, 429) or \
             (isinstance(e, self._status_error) and getattr(e, "status_code", 0) >= 500)
 
+    def chat_stream(self, messages: list[dict[str, str]], sampling: SamplingParams, on_text) -> Completion:
+        """One reply, streamed: ``on_text(text so far)`` is called as each piece arrives (``stream: true``).
+        A failure before the first piece is retried as ``_one`` retries; after it, it is raised."""
+        return self._one(messages, sampling, None, on_text=on_text)
+
     def _one(self, messages: list[dict[str, str]], sp: SamplingParams,
-             response_format: dict[str, Any] | None) -> Completion:
+             response_format: dict[str, Any] | None, on_text=None) -> Completion:
         kw: dict[str, Any] = dict(model=self.model, messages=messages, temperature=sp.temperature)
         kw[self.token_limit_field] = self.max_tokens or sp.max_new_tokens
         if sp.top_p < 1.0:
@@ -93,16 +98,30 @@ class OpenAIRef:
         attempt = 0
         while True:
             self.stats.add(requests=1)
+            got_any = False
             try:
-                r = self.client.chat.completions.create(**kw)
-                choice = r.choices[0]
-                text = choice.message.content or ""
-                reason = {"stop": "eos", "length": "length"}.get(choice.finish_reason or "stop", "eos")
+                if on_text is not None:
+                    text, finish = "", None
+                    for chunk in self.client.chat.completions.create(**kw, stream=True):
+                        if not chunk.choices:
+                            continue
+                        c = chunk.choices[0]
+                        piece = getattr(c.delta, "content", None) or ""
+                        if piece:
+                            text += piece
+                            got_any = True
+                            on_text(text)
+                        finish = c.finish_reason or finish
+                else:
+                    r = self.client.chat.completions.create(**kw)
+                    choice = r.choices[0]
+                    text, finish = choice.message.content or "", choice.finish_reason
+                reason = {"stop": "eos", "length": "length"}.get(finish or "stop", "eos")
                 return Completion(text=text, token_ids=[], logprobs=[], finish_reason=reason, model_id=self.id)
             except Exception as e:  # noqa: BLE001
                 if isinstance(e, self._timeout):
                     self.stats.add(timeouts=1)
-                if attempt >= self.max_retries or not self._is_retryable(e):
+                if attempt >= self.max_retries or not self._is_retryable(e) or got_any:  # a shown piece stays shown
                     self.stats.add(failures=1)
                     raise
                 self.stats.add(retries=1)

@@ -19,6 +19,7 @@ one call. Limits a client cannot lift:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import json
 import math
@@ -31,7 +32,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from fastapi import FastAPI, Request  # module level: the route signatures' annotations are resolved here
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
 from ..types import SamplingParams
 from .local import LocalBackend
@@ -53,6 +54,15 @@ class Batcher:
         self.q.put((prompt, sp, f))
         return f
 
+    def submit_streaming(self, prompt: list[int], sp: SamplingParams, on_text) -> Future:
+        """As ``submit``; ``on_text(text so far)`` is called from the generating thread after each token (the
+        request is generated in a group of its own: its callback is its own)."""
+        def watch(text: str) -> bool:
+            on_text(text)
+            return False
+
+        return self.submit(prompt, dataclasses.replace(sp, stop_fn=watch))
+
     def _loop(self) -> None:
         while not self.stop.is_set():
             try:
@@ -69,7 +79,8 @@ class Batcher:
             groups: dict[tuple, list] = {}
             for it in items:
                 sp = it[1]
-                groups.setdefault((sp.temperature, sp.top_p, sp.max_new_tokens, sp.stop), []).append(it)
+                key = (sp.temperature, sp.top_p, sp.max_new_tokens, sp.stop, id(sp.stop_fn) if sp.stop_fn else None)
+                groups.setdefault(key, []).append(it)
             for group in groups.values():
                 try:
                     outs = self.backend.generate([g[0] for g in group], group[0][1])
@@ -193,6 +204,9 @@ def make_app(backend: LocalBackend, model_name: str = "scope", fail_rate: float 
             sp = _sampling(body)
             if _integer(body, "n", 1) != 1:
                 raise BadRequest("only n=1 is supported")
+            stream = body.get("stream", False)
+            if not isinstance(stream, bool):
+                raise BadRequest("stream must be true or false")
             msgs = [{"role": str(m["role"]), "content": str(m.get("content") or "")} for m in msgs]
             n_bytes = sum(len(m["content"].encode("utf-8", "surrogatepass")) for m in msgs)
             if n_bytes > max_prompt_bytes:
@@ -210,6 +224,8 @@ def make_app(backend: LocalBackend, model_name: str = "scope", fail_rate: float 
             fail = fail_rate > 0 and rng.random() < fail_rate
         if fail:
             return error(503, "injected failure", "server_error")
+        if stream:
+            return StreamingResponse(_stream(prompt, sp, body.get("model", model_name)), media_type="text/event-stream")
         try:
             c = await asyncio.wrap_future(batcher.submit(prompt, sp))
         except Exception as e:  # noqa: BLE001
@@ -221,6 +237,42 @@ def make_app(backend: LocalBackend, model_name: str = "scope", fail_rate: float 
                          "finish_reason": "length" if c.finish_reason == "length" else "stop"}],
             "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(c.token_ids),
                       "total_tokens": len(prompt) + len(c.token_ids)}}
+
+    async def _stream(prompt: list[int], sp: SamplingParams, model: str):
+        """OpenAI's streaming format: one ``chat.completion.chunk`` per new piece of text as it is generated
+        (the tail that could still become a stop string is held back), then the finish reason and [DONE]."""
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue = asyncio.Queue()
+        fut = batcher.submit_streaming(prompt, sp, lambda text: loop.call_soon_threadsafe(q.put_nowait, text))
+        fut.add_done_callback(lambda _: loop.call_soon_threadsafe(q.put_nowait, None))
+        cid, created = f"chatcmpl-{uuid.uuid4().hex[:16]}", int(time.time())
+        hold = max((len(x) for x in sp.stop), default=0)
+
+        def chunk(delta: dict, finish: str | None = None) -> str:
+            return "data: " + json.dumps({"id": cid, "object": "chat.completion.chunk", "created": created,
+                                          "model": model, "choices": [{"index": 0, "delta": delta,
+                                                                       "finish_reason": finish}]}) + "\n\n"
+
+        yield chunk({"role": "assistant", "content": ""})
+        sent = 0
+        while True:
+            text = await q.get()
+            if text is None:
+                break
+            upto = max(sent, len(text) - hold)
+            if upto > sent:
+                yield chunk({"content": text[sent:upto]})
+                sent = upto
+        try:
+            c = fut.result()
+        except Exception as e:  # noqa: BLE001 - the stream has begun: the error is its last event
+            yield "data: " + json.dumps({"error": {"message": f"generation failed: {type(e).__name__}: {e}",
+                                                   "type": "server_error"}}) + "\n\n"
+            return
+        if len(c.text) > sent:
+            yield chunk({"content": c.text[sent:]})
+        yield chunk({}, "length" if c.finish_reason == "length" else "stop")
+        yield "data: [DONE]\n\n"
 
     return app
 

@@ -102,15 +102,27 @@ class StudyAgent:
             env.add_note("agent", self.binding.note)
         return env
 
-    def reply(self, env) -> str:
-        """The agent's next reply in ``env`` (raises when the model call fails)."""
+    def reply(self, env, on_text=None) -> str:
+        """The agent's next reply in ``env`` (raises when the model call fails). With ``on_text``, the reply
+        is streamed: ``on_text(text so far)`` as it is generated, by a local model (token by token) or an
+        endpoint (``stream: true``); a scripted reply arrives whole."""
+        import dataclasses
+
         from ..rollout import _chat
 
         prefix = env.reply_prefix("agent")
+        ref, sp = self.binding.ref, self.binding.sampling
         with self.lock:  # one local model call at a time (an endpoint batches on its side)
-            out = _chat(self.binding.ref, [env.views["agent"]], self.binding.sampling, prefix=prefix)[0]
+            if on_text is not None and hasattr(ref, "chat_stream"):
+                out = ref.chat_stream(env.views["agent"], sp, on_text)
+            else:
+                if on_text is not None and not getattr(ref, "chat", False):  # a local model: after each token
+                    sp = dataclasses.replace(sp, stop_fn=lambda text: on_text(prefix + text) or False)
+                out = _chat(ref, [env.views["agent"]], sp, prefix=prefix)[0]
         if isinstance(out, BaseException):
             raise out
+        if on_text is not None:  # the whole reply (a scripted one arrives only now; a streamed one is complete)
+            on_text(out.text)
         return out.text
 
 

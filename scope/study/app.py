@@ -9,6 +9,7 @@ server. ``/api/admin/...`` needs ``Authorization: Bearer <admin token>``.
 """
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import os
@@ -103,16 +104,38 @@ def make_app(service: StudyService, admin_token: str | None = None) -> FastAPI:
         b = await body(request)
         if not isinstance(b.get("text"), str):
             raise StudyError(400, "text is required")
-        events = await run_in_threadpool(service.message, sess, b["text"])  # stored before it is streamed
-        step = service.cfg.study.stream_chunk_chars
+        text = service.check_message(b["text"])  # a bad message is a 4xx before the stream begins
+        if text.lower() != "/stop" and store.get_session(service.engine, sess.id).status != "active":
+            raise StudyError(409, "this chat has ended")
+        if text.lower() == "/stop":
+            events = await run_in_threadpool(service.end, sess)
+            return StreamingResponse(iter([sse(ev) for ev in events] + [sse({"type": "done"})]),
+                                     media_type="text/event-stream")
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue = asyncio.Queue()
 
-        def stream():
-            for ev in events:
-                if ev["type"] == "message":
-                    t = ev["text"]
-                    for i in range(0, len(t), step):
-                        yield sse({"type": "delta", "text": t[i:i + step]})
+        def emit(ev: dict) -> None:  # from the worker thread, as each event happens
+            loop.call_soon_threadsafe(q.put_nowait, ev)
+
+        def work() -> None:
+            try:
+                service.message(sess, text, emit=emit)  # each turn is stored whole when it ends
+            except StudyError as e:
+                emit({"type": "error", "status": e.status, "message": e.message})
+            except Exception as e:  # noqa: BLE001 - the stream has begun: the error is its last event
+                emit({"type": "error", "status": 500, "message": f"{type(e).__name__}: {e}"})
+            finally:
+                emit(None)
+
+        task = loop.run_in_executor(None, work)
+
+        async def stream():
+            while True:
+                ev = await q.get()
+                if ev is None:
+                    break
                 yield sse(ev)
+            await task
             yield sse({"type": "done"})
 
         return StreamingResponse(stream(), media_type="text/event-stream")

@@ -98,7 +98,6 @@ class StudySettings(Strict):
     max_text_chars: int = Field(5000, ge=1, le=100_000)
     """Free-text survey answers."""
     max_body_bytes: int = Field(64 * 1024, ge=1024)
-    stream_chunk_chars: int = Field(12, ge=1)
     max_live_sessions: int = Field(200, ge=1)
     """Sessions whose environment (a tau2 database, say) this process keeps in memory; the least recently
     used idle ones beyond this are rebuilt from their stored turns when their participant comes back."""

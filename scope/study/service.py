@@ -145,11 +145,14 @@ class StudyService:
         replay(env, turns)
         return env
 
-    def _agent_loop(self, sess: store.StudySession, rt: Runtime) -> tuple[list[dict], dict]:
-        """Let the agent speak until it is the participant's turn; every reply is stored as it comes.
-        Returns the events to show and the session's new fields."""
+    def _agent_loop(self, sess: store.StudySession, rt: Runtime, emit=None) -> tuple[list[dict], dict]:
+        """Let the agent speak until it is the participant's turn; every reply is stored whole when it ends.
+        Returns the events to show and the session's new fields. With ``emit``, each event is also passed to
+        it as it happens, and the agent's words as they are generated (``delta`` events; never the text of a
+        tool call or an end marker)."""
         env, agent = rt.env, self.agents[(sess.condition, sess.task_type)]
-        events, update, steps = [], {}, 0
+        events: list[dict] = _Events(emit)
+        update, steps = {}, 0
         while not env.done and env.next_role() == "agent":
             steps += 1
             if steps > MAX_AGENT_STEPS:
@@ -160,8 +163,9 @@ class StudyService:
                 return events, update
             text, err = None, None
             for _ in range(AGENT_RETRIES + 1):
+                live = _LiveText(emit, hide=(TAU2_STOP, "<tool_call")) if emit is not None else None
                 try:
-                    text = agent.reply(env)
+                    text = agent.reply(env, on_text=live)
                     break
                 except Exception as e:  # noqa: BLE001 - recorded; the session ends instead of hanging
                     err = f"{type(e).__name__}: {e}"
@@ -202,18 +206,25 @@ class StudyService:
             return events
 
     # ---- the participant's actions -------------------------------------------------------------------
-    def message(self, sess: store.StudySession, text: str) -> list[dict]:
+    def check_message(self, text: str) -> str:
+        """The participant's message, stripped; a 4xx StudyError for an empty or over-long one."""
         text = (text or "").strip()
         if not text:
             raise StudyError(400, "empty message")
         if len(text) > self.cfg.study.max_message_chars:
             raise StudyError(413, f"message over {self.cfg.study.max_message_chars} characters")
+        return text
+
+    def message(self, sess: store.StudySession, text: str, emit=None) -> list[dict]:
+        """The participant's message, then the agent's replies. Returns the events; with ``emit`` each is
+        also passed to it as it happens (the agent's words while they are generated)."""
+        text = self.check_message(text)
         if text.lower() == "/stop":
             return self.end(sess)
         with self.held(sess) as (rt, sess):
             if sess.status != "active":
                 raise StudyError(409, "this chat has ended")
-            events, _ = self._agent_loop(sess, rt)  # a reply owed from before (a restart in the middle)
+            events, _ = self._agent_loop(sess, rt, emit)  # a reply owed from before (a restart in the middle)
             sess = store.get_session(self.engine, sess.id)
             if sess.status != "active":
                 return events
@@ -225,14 +236,15 @@ class StudyService:
                 update = self._ended({"user_stop": "participant", "max_turns": "turn_cap"}.get(
                     rt.env.end_reason, "env_end"))
                 store.update_session(self.engine, sess.id, **update)
-                return events + [{"type": "end", "reason": update["end_reason"]}]
-            more, upd = self._agent_loop(sess, rt)
-            events += more
+                events.append({"type": "end", "reason": update["end_reason"]})
+                return list(events)
+            more, upd = self._agent_loop(sess, rt, emit)
+            events.extend(more, emitted=True)
             if not upd and n >= cap:
                 upd = self._ended("turn_cap")
                 store.update_session(self.engine, sess.id, **upd)
                 events.append({"type": "end", "reason": "turn_cap"})
-            return events
+            return list(events)
 
     def end(self, sess: store.StudySession) -> list[dict]:
         """The participant ends the chat (the End button, or /stop)."""
@@ -306,6 +318,50 @@ class StudyService:
                 "intro": "You are the customer. Explain your situation to the support agent and get it resolved. "
                          "Use only the details below; if you do not know something, say so.",
                 "fields": [{"label": k, "text": str(v)} for k, v in fields if v]}
+
+
+class _Events(list):
+    """A list of events that also hands each one to ``emit`` as it is appended (when there is one)."""
+
+    def __init__(self, emit=None):
+        super().__init__()
+        self.emit = emit
+
+    def append(self, ev: dict) -> None:
+        super().append(ev)
+        if self.emit is not None:
+            self.emit(ev)
+
+    def extend(self, evs, emitted: bool = False) -> None:  # events already emitted by a nested loop
+        for ev in evs:
+            super().append(ev) if emitted else self.append(ev)
+
+
+class _LiveText:
+    """Turns "text so far" callbacks into ``delta`` events. It holds back what may turn out not to be for the
+    participant: once the text holds one of ``hide`` (a tool call, an end marker) nothing more is shown, and
+    a tail that could be the start of one waits until it cannot. The stored turn is what counts: the
+    ``message`` event that follows replaces the streamed text."""
+
+    def __init__(self, emit, hide: tuple[str, ...]):
+        self.emit, self.hide, self.sent, self.stopped = emit, hide, 0, False
+
+    def __call__(self, text: str) -> None:
+        if self.stopped:
+            return
+        cut = min((text.find(h) for h in self.hide if h in text), default=-1)
+        if cut >= 0:
+            self.stopped, upto = True, cut
+        else:
+            upto = len(text)
+            for h in self.hide:  # the longest tail that is a prefix of a hidden marker waits
+                for k in range(min(len(h) - 1, len(text)), 0, -1):
+                    if text.endswith(h[:k]):
+                        upto = min(upto, len(text) - k)
+                        break
+        if upto > self.sent:
+            self.emit({"type": "delta", "text": text[self.sent:upto]})
+            self.sent = upto
 
 
 # ---- turns <-> environment ------------------------------------------------------------------------------

@@ -138,8 +138,7 @@ def test_p4g_flow_turn_cap_survey_once_and_completion_code(tmp_path):
     evs = say(c, st, h, "Who are you?")
     deltas = "".join(e["text"] for e in evs if e["type"] == "delta")
     msg = next(e for e in evs if e["type"] == "message")
-    assert deltas == msg["text"] and msg["text"].endswith("You said: Who are you?")  # streamed in chunks
-    assert len([e for e in evs if e["type"] == "delta"]) > 1
+    assert deltas == msg["text"] and msg["text"].endswith("You said: Who are you?")  # a scripted reply: whole
     say(c, st, h, "Maybe.")
     evs = say(c, st, h, "OK, bye.")  # the third message: the turn cap
     assert {"type": "end", "reason": "turn_cap"} in evs
@@ -361,3 +360,66 @@ def test_p4g_role_play_card_comes_from_a_real_persuadee(tmp_path):
         persuadees = {r["B3"] for r in csv.DictReader(f) if r["B4"].strip() == "1"}
     assert sess.task_id.removeprefix("p4g/").split("#")[0] in persuadees
     assert st["turn_cap"] == 10  # P4G's default cap
+
+
+@pytest.mark.parametrize("kind", ["local", "endpoint"])
+def test_the_agents_words_stream_while_they_are_generated_and_the_turn_is_stored_whole(tmp_path, kind):
+    """A local model streams token by token, an endpoint (scope serve with stream: true) piece by piece: every
+    delta reaches the page before the agent's turn is stored, and the stored turn is the whole reply."""
+    from scope.models.local import load_tokenizer, tiny_backend
+    from scope.models.server import serve_in_thread
+
+    srv = None
+    if kind == "local":
+        agent = {"policy": "base", "model": "tiny-random", "max_new_tokens": 24, "temperature": 1.0}
+    else:
+        srv, url = serve_in_thread(tiny_backend(load_tokenizer("tiny-random"), seed=2))
+        agent = {"endpoint": {"backend": "openai", "base_url": url, "model_name": "tiny", "api_key_env": None},
+                 "max_new_tokens": 24, "temperature": 1.0}
+    try:
+        cfg = study_cfg(tmp_path / "s.db", {"p4g": {**P4G, "max_turns": 3}}, {"a": {"p4g": agent}})
+        c = TestClient(make(cfg))
+        svc = c.app.state.service
+        st, h = start(c, "P1")
+        sess = store.get_session(svc.engine, st["session"])
+        agent_turns = lambda: sum(t.role == "agent" for t in store.session_turns(svc.engine, sess.id))  # noqa: E731
+        before = agent_turns()
+        seen = []
+
+        def emit(ev):
+            seen.append((ev, agent_turns()))  # how many agent turns were stored when this event came
+
+        events = svc.message(sess, "Hello, who are you?", emit=emit)
+        deltas = [(e, n) for e, n in seen if e["type"] == "delta"]
+        msg = next(e for e in events if e["type"] == "message")
+        assert len(deltas) > 1, seen  # piece by piece, not one chunk
+        assert all(n == before for _, n in deltas)  # every piece shown before the turn was stored
+        assert "".join(e["text"] for e, _ in deltas) == msg["text"]
+        stored = [t for t in store.session_turns(svc.engine, sess.id) if t.role == "agent"][-1]
+        assert stored.content.strip() == msg["text"] and agent_turns() == before + 1
+        assert [e for e, _ in seen if e["type"] != "delta"] == events  # the rest as the call returns it, in order
+    finally:
+        if srv is not None:
+            srv.shutdown()
+
+
+def test_live_text_never_shows_a_tool_call_or_an_end_marker():
+    from scope.study.service import TAU2_STOP, _LiveText
+
+    shown = []
+    live = _LiveText(lambda ev: shown.append(ev["text"]), hide=(TAU2_STOP, "<tool_call"))
+    text = 'Let me look that up. <tool_call>{"name": "find_user_id_by_email"}</tool_call>'
+    for i in range(1, len(text) + 1):
+        live(text[:i])
+    assert "".join(shown) == "Let me look that up. "
+    shown.clear()
+    live = _LiveText(lambda ev: shown.append(ev["text"]), hide=(TAU2_STOP, "<tool_call"))
+    text = "Done, goodbye! " + TAU2_STOP
+    for i in range(1, len(text) + 1):
+        live(text[:i])
+    assert "".join(shown) == "Done, goodbye! "
+    shown.clear()
+    live = _LiveText(lambda ev: shown.append(ev["text"]), hide=(TAU2_STOP, "<tool_call"))
+    for t in ("a <", "a <b", "a <b> done"):  # a tail that might have begun a marker waits, then shows
+        live(t)
+    assert "".join(shown) == "a <b> done"

@@ -64,3 +64,34 @@ def test_100_concurrent_participants(tmp_path):
     counts = store.cell_counts(eng)
     assert sum(counts.values()) == N and max(counts.values()) - min(counts.values()) <= 1  # 25 each, within ±1
     assert sorted(counts.values()) == [25, 25, 25, 25]
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        return next(int(ln.split()[1]) for ln in f if ln.startswith("VmRSS")) / 1024
+
+
+def test_1000_sequential_sessions_keep_memory_flat(tmp_path):
+    """Participants one after another for a long time: each session's environment is dropped when it ends
+    (and beyond study.max_live_sessions when idle), so the server's resident memory does not grow with the
+    number of participants it has served."""
+    import gc
+
+    from fastapi.testclient import TestClient
+
+    cfg = study_cfg(tmp_path / "long.db", {"p4g": P4G}, {"a": {"p4g": {"scripted": ["You said: {last_user}"]}}},
+                    id="LOAD")
+    c = TestClient(make(cfg))
+    svc = c.app.state.service
+    rss = {}
+    for i in range(1000):
+        st = c.post("/api/start", json={"participant_id": f"Q{i:04d}", "study_id": "LOAD", "session_id": f"S{i}"}).json()
+        h = {"X-Session-Token": st["token"]}
+        assert c.post(f"/api/session/{st['session']}/message", json={"text": f"hello {i}"}, headers=h).status_code == 200
+        if i % 3:  # two in three end their chat; the rest leave it open (idle, evicted beyond the cap)
+            c.post(f"/api/session/{st['session']}/end", headers=h).raise_for_status()
+        if i + 1 in (200, 1000):
+            gc.collect()
+            rss[i + 1] = _rss_mb()
+    assert len(svc.runtimes) <= cfg.study.max_live_sessions
+    assert rss[1000] - rss[200] < 25, rss  # MB, over 800 more participants
