@@ -109,8 +109,45 @@ def panel_cards(cfg, episodes: int = 64, log=print) -> dict[str, dict[str, Any]]
     refs = frozen_refs({k: m for k, m in models.items() if k != cfg.agent.model}, {}, cfg.run.seed)
     cards = {}
     for p in panel.partners:
-        cards[p.spec_id()] = behaviour_card(spec_binding(p, refs[p.model]), episodes=episodes, seed=cfg.run.seed)
+        ref = refs[p.model]
+        if p.adapter is not None:  # a trained simulator (e.g. a co-training run's partner adapter)
+            from ..eval import load_frozen_adapter
+
+            ref = load_frozen_adapter(ref, p.adapter, f"card_{len(cards)}")
+        cards[p.spec_id()] = behaviour_card(spec_binding(p, ref), episodes=episodes, seed=cfg.run.seed)
         cards[p.spec_id()]["seen"] = p.seen
         log(f"  lab: simulator {p.spec_id()}: " + ", ".join(
             f"{k.split('|')[-1]} {v:.2f}" for k, v in cards[p.spec_id()].items() if isinstance(v, float)))
     return cards
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m scope.lab.check --config CFG [--adapter CKPT]``: the behaviour cards of a lab config's
+    panel, or of the partner adapter of a checkpoint (a co-trained simulator), as a markdown table."""
+    import argparse
+    import tempfile
+
+    import yaml
+
+    from ..config import load_config
+
+    ap = argparse.ArgumentParser(prog="python -m scope.lab.check")
+    ap.add_argument("--config", default="configs/lab/cotrain.yaml")
+    ap.add_argument("--adapter", help="a checkpoint directory whose partner adapter plays the training simulator")
+    ap.add_argument("--episodes", type=int, default=64)
+    a = ap.parse_args(argv)
+    cfg = load_config(a.config)
+    if a.adapter:
+        entry = {"id": "trained", "seen": True, "model": cfg.partner.model, "temperature": cfg.partner.temperature,
+                 "max_new_tokens": cfg.partner.max_new_tokens, "adapter": a.adapter}
+        base = {"id": "untrained", "seen": True, "model": cfg.partner.model, "temperature": cfg.partner.temperature,
+                "max_new_tokens": cfg.partner.max_new_tokens}
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+            yaml.safe_dump({"partners": [base, entry]}, f)
+        cfg.eval.panel = f.name
+    print(cards_markdown(panel_cards(cfg, episodes=a.episodes, log=lambda s: None)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

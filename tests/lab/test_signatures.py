@@ -13,13 +13,15 @@ import pytest
 
 from scope.lab.runner import run_lab
 
-# RL (Single) against the collapsed simulator, per seed. Measured (README, "The collapse lab"): training
-# reward 0.88-0.95, unseen reward 0.14-0.16 below its peak, cures 0.49-0.55 above Single on the unseen
-# simulators, over 3 seeds of 40 steps and single seeds of 20; the thresholds leave room for seed noise
-# (the standard error of one run's unseen mean is about 0.026).
+# RL (Single) against the collapsed simulator, per seed. The unseen simulators are the held-out `counter`
+# and `twice` customers (no training simulator behaves like them). Measured (docs/lab.md): see the
+# README's lab table; the thresholds leave room for seed noise (the standard error of one run's unseen
+# mean is about 0.03).
 TRAIN_REWARD_MIN = 0.85         # it learns to exploit the simulator
-UNSEEN_DROP_MIN = 0.08          # its held-out reward on unseen simulators falls below its own peak
-UNSEEN_MAX = 0.2                # and ends below Base's (0.23): the shortcut is what it learned
+UNSEEN_DROP_MIN = 0.08          # its held-out reward on unseen simulators falls below its own peak, the peak
+                                # taken over the trained steps only (step 0 is Base) ...
+PEAK_OVER_BASE_MIN = 0.0        # ... which lies above Base's: it improves first, then declines
+UNSEEN_MAX = 0.15               # and it ends below Base (0.19): the shortcut is what it learned
 CURE_MARGIN_MIN = 0.1           # every cure ends at least this far above Single on the unseen simulators
 # Not asserted, reported in the README: policy entropy falls in every paradigm here (each converges on
 # one strategy), so it does not tell Single apart; Single's zero-variance fraction ends at 0.41-0.62.
@@ -47,10 +49,18 @@ def test_the_simulators_behave_as_built(lab):
     cards = res["simulators"]
     # the training simulator's dominant reply: yes to the basic plan it was not asked for
     assert cards["collapsed"]["accept|offer_favourite"] >= 0.8
-    for sim in ("careful", "strict", "terse-careful", "verbose-strict"):
+    for sim in ("careful", "strict", "terse-counter", "verbose-counter", "verbose-twice"):
         assert cards[sim]["accept|offer_favourite"] <= 0.15, sim
         assert cards[sim]["accept|ask_then_match"] >= 0.8, sim
+    for sim in ("careful", "strict", "terse-counter", "verbose-counter"):
         assert cards[sim]["names_need_when_asked"] >= 0.9, sim
+    for sim in ("terse-counter", "verbose-counter"):  # neither yes nor no to an offer it was not asked for
+        assert cards[sim]["goes_on_after_unasked_offer"] >= 0.9, sim
+    for sim in ("careful", "strict", "collapsed"):
+        assert cards[sim]["goes_on_after_unasked_offer"] <= 0.1, sim
+    # twice: vague at the first question, its need at the second
+    assert cards["verbose-twice"]["names_need_when_asked"] <= 0.1
+    assert cards["verbose-twice"]["names_need_at_second_ask"] >= 0.9
 
 
 def test_single_collapses(lab):
@@ -58,6 +68,7 @@ def test_single_collapses(lab):
     for r in res["signatures"]["single"]:
         assert r["train_reward"] >= TRAIN_REWARD_MIN, r
         assert r["unseen_drop_from_peak"] >= UNSEEN_DROP_MIN, r
+        assert r["unseen_peak_over_start"] > PEAK_OVER_BASE_MIN, r
     assert res["paradigms"]["single"]["unseen"] <= UNSEEN_MAX, res["paradigms"]["single"]
 
 
