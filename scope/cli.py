@@ -44,50 +44,12 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
-def _agent_binding(policy: str, cfg_path: str | None, model: str | None, overrides: list[str]):
-    """The agent to evaluate: a checkpoint directory (its config and adapter) or 'base'."""
-    from .config import apply_override, parse_config
-    from .models.local import ModelRef, load_backend
-    from .partners.sources import spec_binding
-
-    if policy != "base":
-        cfg_path = cfg_path or os.path.join(policy, "config.yaml")
-        if not os.path.exists(cfg_path):
-            cfg_path = os.path.join(os.path.dirname(os.path.dirname(os.path.normpath(policy))), "config.yaml")
-    if cfg_path and os.path.exists(cfg_path):
-        cfg = load_config(cfg_path, overrides)
-    else:
-        data: dict = {}
-        for ov in overrides:
-            apply_override(data, ov)
-        cfg = parse_config(data)
-    if model:
-        cfg.models[cfg.agent.model].path = model
-    mc = cfg.models[cfg.agent.model]
-    b = load_backend(mc.path, name=cfg.agent.model, seed=cfg.run.seed, dtype=mc.dtype, device=mc.device)
-    adapter = None
-    if policy != "base":
-        src = os.path.join(policy, "agent")
-        src = os.path.join(src, "agent") if os.path.isdir(os.path.join(src, "agent")) else \
-            (src if os.path.isdir(src) else policy)
-        if os.path.exists(os.path.join(src, "adapter_config.json")):
-            from peft import set_peft_model_state_dict
-            from peft.utils import load_peft_weights
-
-            b.add_lora("agent", r=mc.lora.r, alpha=mc.lora.alpha, target_modules=mc.lora.target_modules)
-            set_peft_model_state_dict(b.model, load_peft_weights(src), adapter_name="agent")
-            adapter = "agent"
-        elif os.path.exists(os.path.join(src, "config.json")):
-            b = load_backend(src, name=cfg.agent.model, seed=cfg.run.seed)
-        else:
-            raise FileNotFoundError(f"{policy}: no adapter or model weights found")
-    return cfg, {cfg.agent.model: b}, spec_binding(cfg.agent, ModelRef(f"{cfg.agent.model}:{policy}", b, adapter))
-
-
 def cmd_eval(args: argparse.Namespace) -> int:
     from .eval import evaluate, frozen_refs, load_panel, markdown, write_results
 
-    cfg, backends, agent = _agent_binding(args.policy, args.config, args.model, args.set)
+    from .policy import load_policy
+
+    cfg, backends, agent = load_policy(args.policy, args.config, args.model, args.set)
     panel = load_panel(args.panel)
     if args.episodes:
         panel.episodes = args.episodes
@@ -111,7 +73,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     import json
 
     from .eval import diagnose, frozen_refs
-    from .partners.sources import spec_binding
+    from .partners.binding import spec_binding
 
     cfg = load_config(args.spec, args.set)
     refs = frozen_refs(cfg.models, {}, cfg.run.seed)

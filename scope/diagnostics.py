@@ -16,6 +16,17 @@ from .types import Episode
 CLASSIFIERS: dict[str, Callable[[str], str]] = {}
 
 
+def classifier_of(env_name: str) -> Callable[[str], str] | None:
+    """The partner-behaviour classifier of an environment (it registers its own when its module loads)."""
+    from .envs import get_env
+
+    try:
+        get_env(env_name)
+    except KeyError:
+        return None
+    return CLASSIFIERS.get(env_name)
+
+
 def register_classifier(env_name: str):
     def deco(fn: Callable[[str], str]) -> Callable[[str], str]:
         CLASSIFIERS[env_name] = fn

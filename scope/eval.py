@@ -19,9 +19,9 @@ import yaml
 from pydantic import Field, ValidationError
 
 from .config import ConfigError, ModelConfig, PartnerSpec, Strict, _format
-from .diagnostics import CLASSIFIERS, behaviour_stats, group_similarity, variance_decomposition
+from .diagnostics import behaviour_stats, classifier_of, group_similarity, variance_decomposition
 from .envs import get_env
-from .partners.sources import Binding, spec_binding
+from .partners.binding import Binding, spec_binding
 from .rollout import Job, run_rollouts
 from .types import Completion, Episode, SamplingParams
 
@@ -417,7 +417,7 @@ def diagnose(agent: Binding, partner: Binding, env_name: str, env_options: dict,
                             episode=Episode(task.id, f"diag:{ti}", g), refs={"agent": agent, "partner": partner},
                             uid=20_000_000 + ti * group + g))
     first, _ = run_rollouts(jobs, end_on_truncation=end_on_truncation)
-    classify = CLASSIFIERS.get(env_name, lambda t: "other")
+    classify = classifier_of(env_name) or (lambda t: "other")
     out: dict[str, Any] = {"behaviour": behaviour_stats(first, classify),
                            "partner_similarity": group_similarity(first, "partner"),
                            "agent_similarity": group_similarity(first, "agent")}

@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from .envs.base import Env
 from .partners import vs as vs_mod
-from .partners.sources import Binding
+from .partners.binding import Binding
 from .types import Completion, Episode, SamplingParams, Trace
 
 

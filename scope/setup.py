@@ -65,7 +65,7 @@ def build_judge(cfg: Config, backends: dict[str, LocalBackend]):
     if cfg.env.judge is None:
         return None
     from .eval import frozen_refs
-    from .partners.sources import spec_binding
+    from .partners.binding import spec_binding
 
     name = cfg.env.judge.model
     return spec_binding(cfg.env.judge, frozen_refs({name: cfg.models[name]}, backends, cfg.run.seed)[name])

@@ -26,7 +26,7 @@ from .config import Config
 from .envs import get_env
 from .learner import Learner, LearnerConfig, group_advantages
 from .partners.rewards import apply_partner_reward, baseline_of
-from .diagnostics import CLASSIFIERS, behaviour_stats, group_similarity
+from .diagnostics import behaviour_stats, classifier_of, group_similarity
 from .distributed import make_rollout, scale_metrics
 from .rollout import Job
 from .run import Checkpointer, MetricsLogger, RunDir, publish_dir, recover_dir, rollout_records, save_weights
@@ -123,7 +123,7 @@ def train(cfg: Config, resume: bool = False, on_step_end: Callable[[int], None] 
     metrics_log = MetricsLogger(run, start_step=start)
     evaluator = PanelEval(cfg, backends, trainable["agent"], run, judge) \
         if cfg.eval.panel and "agent" in trainable else None
-    classify = CLASSIFIERS.get(cfg.env.name)
+    classify = classifier_of(cfg.env.name)
     probe = PartnerProbe(cfg, run, tasks, classify)
     no_signal = {owner: 0 for owner in learners}
     dead_steps = 0  # consecutive steps in which every episode failed
@@ -181,7 +181,7 @@ class PanelEval:
 
     def __init__(self, cfg: Config, backends: dict, agent_ref, run: RunDir, judge=None):
         from .eval import frozen_refs, load_panel
-        from .partners.sources import spec_binding
+        from .partners.binding import spec_binding
 
         self.cfg, self.rundir, self.judge = cfg, run, judge
         self.panel = load_panel(cfg.eval.panel)

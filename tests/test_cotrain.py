@@ -342,7 +342,7 @@ def test_cross_play_pairs_one_runs_agent_with_another_runs_partner(tmp_path):
     from B's checkpoint (a panel entry's ``adapter``), beside the base as a control."""
     from safetensors.torch import load_file
 
-    from scope.cli import _agent_binding
+    from scope.policy import load_policy
     from scope.eval import evaluate, frozen_refs, load_panel
 
     for name, seed in (("A", 0), ("B", 7)):
@@ -350,7 +350,7 @@ def test_cross_play_pairs_one_runs_agent_with_another_runs_partner(tmp_path):
         c.run.seed = seed
         train(c, log=lambda s: None)
     ck_a, ck_b = (tmp_path / n / "checkpoints" / "step_000001" for n in ("A", "B"))
-    c, backends, agent = _agent_binding(str(ck_a), None, None, [])
+    c, backends, agent = load_policy(str(ck_a), None, None, [])
     panel = load_panel({"episodes": 2, "partners": [
         {"id": "B-partner", "model": "policy", "adapter": str(ck_b), "max_new_tokens": 10},
         {"id": "base", "model": "policy", "max_new_tokens": 10}]})

@@ -1,8 +1,5 @@
-"""Environments register themselves by name; importing this package registers the built-in ones."""
-from .base import ENVS, Env, get_env, register_env
-from . import p4g  # noqa: F401  (registers "p4g")
-from . import tau2  # noqa: F401  (registers "tau2_retail", "tau2_airline")
-from . import lab  # noqa: F401  (registers "lab" and its model builder)
-from .coop import env as _coop  # noqa: F401  (registers "coop_coding")
+"""Environments, by name: ``get_env("p4g")`` imports the module that registers it on first use (see
+:mod:`scope.envs.base`: the built-in ones and the ``scope.envs`` entry-point group)."""
+from .base import ENVS, Env, env_names, get_env, register_env
 
-__all__ = ["ENVS", "Env", "get_env", "register_env"]
+__all__ = ["ENVS", "Env", "env_names", "get_env", "register_env"]

@@ -12,6 +12,17 @@ from typing import Any, Callable
 from ..types import Task
 
 ENVS: dict[str, type["Env"]] = {}
+"""The environments registered so far (a module registers its classes when it is imported)."""
+BUILTIN: dict[str, str] = {  # name -> the module that registers it, imported the first time it is asked for
+    "p4g": "scope.envs.p4g",
+    "tau2_retail": "scope.envs.tau2.env",
+    "tau2_airline": "scope.envs.tau2.env",
+    "lab": "scope.envs.lab",
+    "coop_coding": "scope.envs.coop.env",
+}
+ENTRY_POINTS = "scope.envs"
+"""Other packages add environments under this entry-point group: ``name = "package.module"`` (the module
+registers the class with :func:`register_env` when imported)."""
 
 
 def register_env(name: str) -> Callable[[type["Env"]], type["Env"]]:
@@ -23,9 +34,31 @@ def register_env(name: str) -> Callable[[type["Env"]], type["Env"]]:
     return deco
 
 
+def _plugins() -> dict[str, str]:
+    from importlib.metadata import entry_points
+
+    try:
+        return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINTS)}
+    except Exception:  # noqa: BLE001 - a broken installed distribution does not stop scope
+        return {}
+
+
+def env_names() -> list[str]:
+    """Every environment that can be asked for: registered, built in, or installed as a plugin."""
+    return sorted(set(ENVS) | set(BUILTIN) | set(_plugins()))
+
+
 def get_env(name: str) -> type["Env"]:
+    """The environment class registered under ``name``, importing its module on first use (the registry
+    itself imports no environment, so that nothing below an environment imports them all)."""
     if name not in ENVS:
-        raise KeyError(f"unknown environment {name!r}; registered: {sorted(ENVS)}")
+        import importlib
+
+        module = BUILTIN.get(name) or _plugins().get(name)
+        if module is not None:
+            importlib.import_module(module.split(":")[0])
+    if name not in ENVS:
+        raise KeyError(f"unknown environment {name!r}; registered: {env_names()}")
     return ENVS[name]
 
 

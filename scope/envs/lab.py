@@ -208,20 +208,17 @@ class CollapseLab(Env):
                 for name in names for need in NEEDS]
 
 
-def _build_model(name: str, options: dict) -> str:
-    from ..lab.models import build
+def persona_pool() -> list[dict[str, str]]:
+    """The lab's persona pool (``partner.source: persona, personas: lab``)."""
+    return [{"id": p["id"], "text": p["text"]} for p in PERSONAS]
 
-    return build(name, options)
 
-
-def _register() -> None:
+def _register() -> None:  # the lab's behaviour classifier and persona pool (its models: scope.models' builders)
     from ..diagnostics import register_classifier
-    from ..models import register_model_builder
     from ..partners.sources import register_persona_pool
 
     register_classifier("lab")(classify_reply)
-    register_persona_pool("lab", lambda: [{"id": p["id"], "text": p["text"]} for p in PERSONAS])
-    register_model_builder("lab")(_build_model)
+    register_persona_pool("lab", persona_pool)
 
 
 _register()

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..envs.lab import NEEDS, CollapseLab, classify_reply, need_of
 from ..lab.corpus import FAVOURITE, agent_say
-from ..partners.sources import Binding
+from ..partners.binding import Binding
 from ..rollout import Job, run_rollouts
 from ..types import Completion, Episode, SamplingParams
 
@@ -101,7 +101,7 @@ def panel_cards(cfg, episodes: int = 64, log=print) -> dict[str, dict[str, Any]]
     """The behaviour card of every simulator on a lab config's evaluation panel (the panel's own sampling
     settings and notes), the training simulator included."""
     from ..eval import frozen_refs, load_panel
-    from ..partners.sources import spec_binding
+    from ..partners.binding import spec_binding
 
     panel = load_panel(cfg.eval.panel)
     models = dict(cfg.models)

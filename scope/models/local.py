@@ -18,7 +18,7 @@ from typing import Any, Sequence
 import torch
 
 from ..types import Completion, SamplingParams
-from . import MODEL_BUILDERS
+from . import builder_prefixes, model_builder
 from . import attention as _attention
 
 
@@ -743,10 +743,8 @@ def char_tokenizer():
 def _builder(spec: str):
     if ":" not in spec:
         return None
-    from .. import envs  # noqa: F401  (environments register their model builders)
-
     prefix, rest = spec.split(":", 1)
-    fn = MODEL_BUILDERS.get(prefix)
+    fn = model_builder(prefix)
     return (lambda options: fn(rest, options)) if fn is not None else None
 
 
@@ -756,13 +754,13 @@ def resolve_model_path(spec: str, options: dict | None = None) -> str:
         return build(dict(options or {}))
     if options:
         raise ValueError(f"model {spec!r}: options {sorted(options)} apply only to models scope builds "
-                         f"({', '.join(p + ':...' for p in MODEL_BUILDERS) or 'none registered'})")
+                         f"({', '.join(p + ':...' for p in builder_prefixes()) or 'none registered'})")
     if spec in EMBEDDED:
         return materialize_embedded(spec)
     if os.path.isdir(spec):
         return spec
     raise ValueError(f"model {spec!r} is neither an embedded model ({', '.join(EMBEDDED)}), {TINY!r}, "
-                     f"a built model ({', '.join(p + ':...' for p in MODEL_BUILDERS)}), "
+                     f"a built model ({', '.join(p + ':...' for p in builder_prefixes())}), "
                      f"nor a directory with a transformers checkpoint")
 
 

@@ -16,7 +16,7 @@ import torch
 
 from ..models.local import LocalBackend, ModelRef
 from ..types import Task
-from .sources import Binding
+from .binding import Binding
 
 
 class PoolSource:

@@ -10,32 +10,13 @@ from __future__ import annotations
 import json
 import os
 import random
-from dataclasses import dataclass
 from typing import Any
 
-from ..config import Config, PartnerSpec, RoleConfig, VSConfig
-from ..types import SamplingParams, Task
+from ..config import Config, RoleConfig
+from ..types import Task
+from .binding import Binding, spec_binding, spec_sampling  # noqa: F401 - re-exported: what sources hand out
 
 BUILTIN_PERSONAS = os.path.join(os.path.dirname(__file__), "data", "partner_personas.json")
-
-
-@dataclass
-class Binding:
-    id: str
-    ref: Any
-    sampling: SamplingParams
-    vs: VSConfig | None = None
-    note: str = ""
-
-
-def spec_sampling(spec: PartnerSpec) -> SamplingParams:
-    return SamplingParams(temperature=spec.temperature, top_p=spec.top_p, max_new_tokens=spec.max_new_tokens,
-                          stop=tuple(spec.stop))
-
-
-def spec_binding(spec: PartnerSpec, ref: Any) -> Binding:
-    return Binding(id=spec.spec_id(), ref=ref, sampling=spec_sampling(spec),
-                   vs=spec.vs if spec.decoding == "vs" else None, note=spec.note)
 
 
 class SingleSource:
@@ -76,6 +57,7 @@ class RotationSource:
 
 PERSONA_POOLS: dict[str, Any] = {}
 """Named persona pools (``personas: <name>``): a function returning [{id, text}]; environments add theirs."""
+BUILTIN_POOLS = {"lab": "scope.envs.lab:persona_pool"}  # imported on first use
 
 
 def register_persona_pool(name: str, load) -> None:
@@ -85,11 +67,16 @@ def register_persona_pool(name: str, load) -> None:
 def load_personas(spec: str) -> list[dict[str, str]]:
     """A persona pool: ``builtin`` (12 manners), a registered name (``lab``), or a JSON file of {id, text}
     (a list, or an object whose ``personas`` is that list, as ``scope personas evolve`` writes)."""
+    if spec not in PERSONA_POOLS and spec in BUILTIN_POOLS:
+        import importlib
+
+        module, attr = BUILTIN_POOLS[spec].split(":")
+        PERSONA_POOLS[spec] = getattr(importlib.import_module(module), attr)
     if spec in PERSONA_POOLS:
         return PERSONA_POOLS[spec]()
     path = BUILTIN_PERSONAS if spec == "builtin" else spec
     if not os.path.exists(path):
-        raise FileNotFoundError(f"persona pool {path!r} not found (builtin, {', '.join(PERSONA_POOLS)} "
+        raise FileNotFoundError(f"persona pool {path!r} not found (builtin, {', '.join(sorted(set(PERSONA_POOLS) | set(BUILTIN_POOLS)))} "
                                 f"or a JSON file of [{{id, text}}])")
     with open(path) as f:
         data = json.load(f)

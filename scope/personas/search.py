@@ -127,7 +127,7 @@ class Evaluator:
                  log: Callable[[str], None] = print):
         from ..envs import get_env
         from ..eval import frozen_refs
-        from ..partners.sources import spec_binding
+        from ..partners.binding import spec_binding
 
         self.cfg, self.log = cfg, log
         self.env_cls = get_env("p4g")
@@ -196,7 +196,7 @@ class Evaluator:
              ) -> list[list[list[Any]]]:
         """Every persona of every population plays ``dialogues_per_persona`` dialogues (in one batched
         rollout). Returns, per population, per persona, its episodes (None where one failed)."""
-        from ..partners.sources import Binding
+        from ..partners.binding import Binding
         from ..rollout import Job, run_rollouts
         from ..types import Episode
 

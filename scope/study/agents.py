@@ -16,7 +16,7 @@ from typing import Any
 
 from ..config import ConfigError
 from ..envs import get_env
-from ..partners.sources import Binding, spec_binding
+from ..partners.binding import Binding, spec_binding
 from ..types import Completion, SamplingParams
 from .config import AgentSpec, StudyConfig, TaskType
 
@@ -56,12 +56,12 @@ class StudyAgent:
         sampling = SamplingParams(temperature=0.7, max_new_tokens=256)
         self.lock = threading.Lock()
         if spec.policy is not None:
-            from ..cli import _agent_binding
+            from ..policy import load_policy
 
             policy = spec.policy if spec.policy == "base" else _path(spec.policy, base_dir)
             if policy != "base" and not os.path.isdir(policy):
                 raise ConfigError(f"condition {name}: policy {policy} is not a checkpoint directory")
-            cfg, _, b = _agent_binding(policy, _path(spec.config, base_dir) if spec.config else None,
+            cfg, _, b = load_policy(policy, _path(spec.config, base_dir) if spec.config else None,
                                        spec.model, list(spec.set))
             trained_on = cfg.env.name
             if (policy != "base" or spec.config) and trained_on != task_type.env:

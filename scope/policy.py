@@ -1,0 +1,46 @@
+"""Loading a trained policy for evaluation or a study: a checkpoint directory (its run config and adapter)
+or ``base``, as one Binding (used by ``scope eval``, cross-play and the study app's conditions)."""
+from __future__ import annotations
+
+import os
+
+
+def load_policy(policy: str, cfg_path: str | None, model: str | None, overrides: list[str]):
+    """The agent to evaluate: a checkpoint directory (its config and adapter) or 'base'. Returns (the run
+    config, the loaded backends, the agent's binding)."""
+    from .config import apply_override, load_config, parse_config
+    from .models.local import ModelRef, load_backend
+    from .partners.binding import spec_binding
+
+    if policy != "base":
+        cfg_path = cfg_path or os.path.join(policy, "config.yaml")
+        if not os.path.exists(cfg_path):
+            cfg_path = os.path.join(os.path.dirname(os.path.dirname(os.path.normpath(policy))), "config.yaml")
+    if cfg_path and os.path.exists(cfg_path):
+        cfg = load_config(cfg_path, overrides)
+    else:
+        data: dict = {}
+        for ov in overrides:
+            apply_override(data, ov)
+        cfg = parse_config(data)
+    if model:
+        cfg.models[cfg.agent.model].path = model
+    mc = cfg.models[cfg.agent.model]
+    b = load_backend(mc.path, name=cfg.agent.model, seed=cfg.run.seed, dtype=mc.dtype, device=mc.device)
+    adapter = None
+    if policy != "base":
+        src = os.path.join(policy, "agent")
+        src = os.path.join(src, "agent") if os.path.isdir(os.path.join(src, "agent")) else \
+            (src if os.path.isdir(src) else policy)
+        if os.path.exists(os.path.join(src, "adapter_config.json")):
+            from peft import set_peft_model_state_dict
+            from peft.utils import load_peft_weights
+
+            b.add_lora("agent", r=mc.lora.r, alpha=mc.lora.alpha, target_modules=mc.lora.target_modules)
+            set_peft_model_state_dict(b.model, load_peft_weights(src), adapter_name="agent")
+            adapter = "agent"
+        elif os.path.exists(os.path.join(src, "config.json")):
+            b = load_backend(src, name=cfg.agent.model, seed=cfg.run.seed)
+        else:
+            raise FileNotFoundError(f"{policy}: no adapter or model weights found")
+    return cfg, {cfg.agent.model: b}, spec_binding(cfg.agent, ModelRef(f"{cfg.agent.model}:{policy}", b, adapter))
