@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo demo-p4g lab lab-quick test test-lab test-soak test-scale test-browser test-study-pg browser-env scale-env gpu-check bench clean
+.PHONY: install demo demo-p4g lab lab-quick test lint test-lab test-soak test-scale test-browser test-study-pg browser-env scale-env gpu-check bench clean
 
 install: $(STAMP)
 
@@ -33,6 +33,12 @@ lab: install
 
 test: install
 	$(PY) -m pytest -q
+
+# The linters on the whole package: ruff (tests, tools and benchmarks too) and mypy (settings in pyproject.toml).
+lint: install
+	$(PY) -m pip install -q -e '.[lint]'
+	$(VENV)/bin/ruff check scope tests tools benchmarks
+	$(VENV)/bin/mypy scope
 
 # The lab end to end (builds its models, runs `scope lab --quick`, checks the collapse signatures).
 test-lab: install

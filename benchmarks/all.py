@@ -1,8 +1,10 @@
 """Every benchmark, one after another (they share the machine's cores, so never two at once), then one
 table: each headline figure beside its goal, so that a change that costs speed or memory shows in the
-session that made it. ``make bench`` runs this.
+session that made it. ``make bench`` runs this and writes the table to ``docs/benchmarks.md`` (the latest
+figure of each benchmark, with the date it was measured; ``docs/benchmarks.json`` keeps the figures, so a
+run with ``--only`` updates its own rows). Earlier figures are in git's history of those files.
 
-    python benchmarks/all.py [--only rollout_throughput,verbalized_sampling,...]
+    python benchmarks/all.py [--only rollout_throughput,verbalized_sampling,...] [--no-write]
 """
 from __future__ import annotations
 
@@ -15,7 +17,8 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-BENCHES = ["rollout_throughput", "verbalized_sampling", "population", "learner_memory", "decode_step", "tau2_env", "coop_env", "scale"]
+BENCHES = ["rollout_throughput", "verbalized_sampling", "population", "learner_memory", "decode_step", "tau2_env",
+           "coop_env", "scale"]
 ROOT = os.path.dirname(HERE)
 PYTHON = {"scale": os.path.join(ROOT, ".venv-scale", "bin", "python")}  # vLLM and Ray live in their own venv
 SCRIPT = {"tau2_retail": "tau2_env", "tau2_airline": "tau2_env"}  # a report's name -> the script that writes it
@@ -50,9 +53,47 @@ def verdict(cmp: str | None, goal: float | None, v: float) -> str:
     return "met" if ok else "NOT MET"
 
 
+DOCS = os.path.join(ROOT, "docs")
+
+
+def table(got: dict, when: dict, benches_run: list[str]) -> list[str]:
+    rows = ["| figure | measured | goal | verdict | measured on |", "|---|---|---|---|---|"]
+    for (bench, key), (cmp, goal, unit, what) in GOALS.items():
+        goal_s = "" if cmp is None else f"{cmp} {goal:g} {unit}"
+        if (bench, key) not in got:
+            if SCRIPT.get(bench, bench) in benches_run:  # it ran, but did not report this figure
+                rows.append(f"| {what} | n/a | {goal_s} | not measured | |")
+            continue
+        v = got[(bench, key)]
+        rows.append(f"| {what} | {v:.3g} {unit} | {goal_s} | {verdict(cmp, goal, v)} | {when.get(bench, '')} |")
+    return rows
+
+
+def write_docs(got: dict, benches_run: list[str]) -> str:
+    """Merge this run's figures into docs/benchmarks.json and rewrite docs/benchmarks.md from it."""
+    path = os.path.join(DOCS, "benchmarks.json")
+    stored = json.load(open(path)) if os.path.exists(path) else {}
+    today = time.strftime("%Y-%m-%d")
+    for (bench, key), v in got.items():
+        stored.setdefault(bench, {})[key] = v
+        stored[bench]["_measured"] = today
+    with open(path, "w") as f:
+        json.dump(stored, f, indent=1, sort_keys=True)
+    all_got = {(b, k): v for b, figs in stored.items() for k, v in figs.items() if not k.startswith("_")}
+    when = {b: figs.get("_measured", "") for b, figs in stored.items()}
+    md = os.path.join(DOCS, "benchmarks.md")
+    with open(md, "w") as f:
+        f.write("# Benchmarks\n\nWritten by `make bench` (`benchmarks/all.py`): the latest figure of each benchmark on "
+                "this project's 2-core CPU machine, beside its goal. Each script prints more than its headline "
+                "figures (run it alone for the detail); earlier figures are in the git history of this file.\n\n")
+        f.write("\n".join(table(all_got, when, list(stored))) + "\n")
+    return md
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", help="comma-separated subset of " + ",".join(BENCHES))
+    ap.add_argument("--no-write", action="store_true", help="print the table only; leave docs/benchmarks.md alone")
     a = ap.parse_args()
     benches = a.only.split(",") if a.only else BENCHES
     unknown = [b for b in benches if b not in BENCHES]
@@ -76,16 +117,10 @@ def main() -> None:
     rows = [json.loads(ln) for ln in open(out) if ln.strip()]
     os.remove(out)
     got = {(r["bench"], k): v for r in rows for k, v in r.items() if k != "bench"}
-    print("\n| figure | measured | goal | verdict |\n|---|---|---|---|")
-    for (bench, key), (cmp, goal, unit, what) in GOALS.items():
-        if (bench, key) not in got:
-            if SCRIPT.get(bench, bench) in benches:  # it ran, but did not report this figure
-                print(f"| {what} | n/a | {'' if cmp is None else f'{cmp} {goal:g} {unit}'} | not measured |")
-            continue
-        v = got[(bench, key)]
-        goal_s = "" if cmp is None else f"{cmp} {goal:g} {unit}"
-        print(f"| {what} | {v:.3g} {unit} | {goal_s} | {verdict(cmp, goal, v)} |")
+    print("\n" + "\n".join(table(got, {}, benches)))
     print("\n" + ", ".join(f"{b} {s:.0f}s" for b, s in seconds.items()))
+    if not a.no_write and got:
+        print(f"wrote {write_docs(got, benches)}")
     if failed:
         print(f"failed: {', '.join(failed)}", file=sys.stderr)
         sys.exit(1)

@@ -47,7 +47,7 @@ def child(size: int) -> dict:
                             mask=[0] * (n - 64) + [1] * 64, logprobs=[-1.0] * n))
     learner = Learner(b, "agent", LearnerConfig(micro_batch_tokens=size))
     out = {}
-    for rep in range(2):
+    for _rep in range(2):
         release_free_memory()
         before = peak[0] = rss_mb()
         t = time.perf_counter()

@@ -72,8 +72,8 @@ def main() -> None:
             t1, d1 = timed(refs, sp, 1, a.turns, offset=i)
             tok, dt = tok + t1, dt + d1
         st, ss = st + tok, ss + dt
-        print(f"{'1 at a time':>12} {int(tok):>8} {dt:>8.1f} {tok / dt:>9.1f}   (dialogues {r * per}-{(r + 1) * per - 1})",
-              flush=True)
+        print(f"{'1 at a time':>12} {int(tok):>8} {dt:>8.1f} {tok / dt:>9.1f}   "
+              f"(dialogues {r * per}-{(r + 1) * per - 1})", flush=True)
     print(f"{'32':>12} {int(bt):>8} {bs:>8.1f} {bt / bs:>9.1f}   (all rounds)")
     print(f"{'1 at a time':>12} {int(st):>8} {ss:>8.1f} {st / ss:>9.1f}   (the same 32 dialogues, in sequence)")
     print(f"ratio at 32 dialogues (batched / one at a time): {(bt / bs) / (st / ss):.2f}x")

@@ -8,8 +8,8 @@ per task.
 """
 from __future__ import annotations
 
+import argparse
 import os
-import sys
 import time
 
 from scope.envs.tau2 import load_domain
@@ -20,7 +20,9 @@ from report import report  # benchmarks/report.py (a script's own directory is o
 
 
 def main() -> None:
-    root = sys.argv[1] if len(sys.argv) > 1 else os.environ.get("SCOPE_TAU2_DATA", "../shared/data/tau2")
+    ap = argparse.ArgumentParser(description="tau2 tool calls per second and evaluator time, both domains")
+    ap.add_argument("data_dir", nargs="?", default=os.environ.get("SCOPE_TAU2_DATA", "../shared/data/tau2"))
+    root = ap.parse_args().data_dir
     for domain in ("retail", "airline"):
         t = time.perf_counter()
         data = load_domain(root, domain)

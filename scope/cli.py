@@ -46,7 +46,6 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from .eval import evaluate, frozen_refs, load_panel, markdown, write_results
-
     from .policy import load_policy
 
     cfg, backends, agent = load_policy(args.policy, args.config, args.model, args.set)
@@ -157,7 +156,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         b.model = PeftModel.from_pretrained(b.model, args.adapter, adapter_name="served")
         b.versions["served"] = 0
         orig = b.generate
-        b.generate = lambda prompts, sp, adapter=None, sessions=None: orig(prompts, sp, "served", sessions)
+        # every request is served with the adapter (an instance attribute over the method, on purpose)
+        b.generate = lambda prompts, sampling, adapter=None, sessions=None: (  # type: ignore[method-assign]
+            orig(prompts, sampling, "served", sessions))
     srv = make_server(b, host=args.host, port=args.port, model_name=args.name or args.model,
                       fail_rate=args.fail_rate, seed=args.seed, max_batch=args.max_batch, api_key=key,
                       max_body_bytes=args.max_body_bytes).start()
@@ -188,7 +189,7 @@ def cmd_personas(args: argparse.Namespace) -> int:
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"| persona set | personas | human-likeness | coverage | density | rejected | dialogues |")
+    print("| persona set | personas | human-likeness | coverage | density | rejected | dialogues |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['set']} | {r['personas']} | {r['human']:.3f} | {r['coverage']:.3f} | {r['density']:.3f} | "
@@ -221,6 +222,78 @@ def cmd_study(args: argparse.Namespace) -> int:
     from .study.serve import serve
 
     return serve(args.config, host=args.host, port=args.port)
+
+
+def cmd_sim(args: argparse.Namespace) -> int:
+    from .config import ConfigError as _CE
+
+    if args.sim_cmd == "fit":
+        from .sim.fit import FitConfig, fit
+
+        opts = {k: v for k, v in (("model", args.model), ("data_dir", args.data_dir), ("out", args.out),
+                                  ("epochs", args.epochs), ("lr", args.lr), ("max_dialogues", args.max_dialogues),
+                                  ("seed", args.seed)) if v is not None}
+        if args.quick:  # a few steps on a few dialogues: keeps the command working in the test suite
+            opts = {"max_dialogues": 8, "epochs": 1.0, "max_tokens": 768, "batch_tokens": 768, **opts}
+        try:
+            cfg = FitConfig(**opts)
+            fit(cfg, log=lambda s: print(s, flush=True), progress=not args.no_progress)
+        except (FileNotFoundError, ValueError, _CE) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        return 0
+    from .sim.measure import measure, table, write
+
+    try:
+        m = measure(args.adapter, model=args.model or "smollm2-135m", data_dir=args.data_dir,
+                    dialogues=args.dialogues, ppl_dialogues=args.ppl_dialogues, persona_config=args.persona_config,
+                    seed=args.seed or 0, log=lambda s: print(s, flush=True))
+    except (FileNotFoundError, ValueError, _CE) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {write(m, args.out or os.path.join(os.path.dirname(os.path.normpath(args.adapter)), 'measure'))}")
+    print(table(m))
+    return 0
+
+
+def cmd_envsim(args: argparse.Namespace) -> int:
+    from .envsim import bench
+    from .envsim.simulate import ExactSimulator, ModelSimulator, NoChangeSimulator, NoisyOracle
+
+    try:
+        samples = bench.load_bench(args.data_dir)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.limit:
+        samples = samples[::max(1, len(samples) // args.limit)][:args.limit]  # spread over the strata
+    sims = []
+    for kind in args.simulator or ["model"]:
+        if kind == "exact":
+            sims.append(ExactSimulator())
+        elif kind == "nochange":
+            sims.append(NoChangeSimulator())
+        elif kind == "noisy":
+            sims.append(NoisyOracle(seed=args.seed))
+        else:
+            from .config import ModelConfig
+            from .eval import frozen_refs
+            from .partners.binding import Binding
+            from .types import SamplingParams
+
+            mc = ModelConfig(path=args.model, backend="openai", base_url=args.base_url, model_name=args.model_name,
+                             api_key_env=args.api_key_env) if args.base_url else ModelConfig(path=args.model)
+            ref = frozen_refs({"envsim": mc}, {}, args.seed)["envsim"]
+            b = Binding(id=args.model_name or args.model, ref=ref,
+                        sampling=SamplingParams(temperature=args.temperature, max_new_tokens=args.max_new_tokens))
+            sims.append(ModelSimulator(b))
+            if args.constrained:
+                sims.append(ModelSimulator(b, constrained=True))
+    results = [bench.run(s, samples, log=lambda m: print(m, flush=True)) for s in sims]
+    path = bench.write(results, args.out)
+    print(bench.table(results))
+    print(f"wrote {path} and bench.png")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -287,6 +360,49 @@ def main(argv: list[str] | None = None) -> int:
                     "where each cure stops working, e.g. --sweep models.collapsed.options.vs_fidelity=0,0.5,1 "
                     "--paradigms single,vs --seeds 1 (output runs/lab-sweep/<knob>/)")
     lb.set_defaults(fn=cmd_lab)
+    ev_ = sub.add_parser("envsim", help="environment simulation: how well a model plays tau2's tools")
+    es = ev_.add_subparsers(dest="envsim_cmd", required=True)
+    eb = es.add_parser("bench", help="score simulators on the 400-sample benchmark (scope/envsim/data/bench.json), "
+                       "rebuilt from the tau2 data: FM, CM strict/lenient, per axis, the cliff")
+    eb.add_argument("--simulator", action="append", choices=["model", "exact", "nochange", "noisy"],
+                    help="repeatable; default: model")
+    eb.add_argument("--model", default="smollm2-135m", help="a local model (default the embedded SmolLM2)")
+    eb.add_argument("--base-url", help="an OpenAI-compatible endpoint instead (with --model-name)")
+    eb.add_argument("--model-name")
+    eb.add_argument("--api-key-env", default="OPENAI_API_KEY")
+    eb.add_argument("--constrained", action="store_true", help="also run the model in the constrained mode")
+    eb.add_argument("--temperature", type=float, default=0.0)
+    eb.add_argument("--max-new-tokens", type=int, default=256)
+    eb.add_argument("--limit", type=int, help="score this many samples, spread over the strata")
+    eb.add_argument("--data-dir", help="the tau2 data (default SCOPE_TAU2_DATA)")
+    eb.add_argument("--seed", type=int, default=0)
+    eb.add_argument("--out", default="runs/envsim")
+    ev_.set_defaults(fn=cmd_envsim)
+    si = sub.add_parser("sim", help="simulators fitted to people: fit one on the P4G persuadees, measure it")
+    ss = si.add_subparsers(dest="sim_cmd", required=True)
+    sf = ss.add_parser("fit", help="LoRA-fit a simulator on the real P4G persuadees' turns (train split); "
+                       "writes OUT/adapter and OUT/fit.json (cached by data and options, resumable)")
+    sf.add_argument("--model", help="the model to fit (default smollm2-135m)")
+    sf.add_argument("--data-dir", help="the P4G data directory (default SCOPE_P4G_DATA)")
+    sf.add_argument("--out", help="output directory (default runs/sim-p4g)")
+    sf.add_argument("--epochs", type=float)
+    sf.add_argument("--lr", type=float)
+    sf.add_argument("--max-dialogues", type=int, help="fit on the first N train dialogues only")
+    sf.add_argument("--seed", type=int)
+    sf.add_argument("--quick", action="store_true", help="a few steps on 8 dialogues (a smoke run)")
+    sf.add_argument("--no-progress", action="store_true", help="a line per tenth of the run instead of a bar")
+    sm = ss.add_parser("measure", help="the fitted simulator against the base one on held-out people: "
+                       "perplexity, donations, human-likeness and coverage")
+    sm.add_argument("--adapter", required=True, help="the adapter of a fit (e.g. runs/sim-p4g/adapter)")
+    sm.add_argument("--model", help="its base model (default smollm2-135m)")
+    sm.add_argument("--data-dir", help="the P4G data directory (default SCOPE_P4G_DATA)")
+    sm.add_argument("--dialogues", type=int, default=64, help="simulated dialogues per simulator")
+    sm.add_argument("--ppl-dialogues", type=int, default=64, help="held-out dialogues for the perplexity")
+    sm.add_argument("--persona-config", default="configs/personas/evolve.yaml",
+                    help="the persona search config whose classifier settings are used")
+    sm.add_argument("--seed", type=int)
+    sm.add_argument("--out", help="output directory (default: beside the adapter, measure/)")
+    si.set_defaults(fn=cmd_sim)
     pe = sub.add_parser("personas", help="evolved persona generators: search, and score persona sets")
     ps = pe.add_subparsers(dest="personas_cmd", required=True)
     pv = ps.add_parser("evolve", help="MAP-Elites over persona generators (fitness from played dialogues)")

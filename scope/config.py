@@ -17,9 +17,9 @@ class Strict(BaseModel):
 
 
 class LoraConfig(Strict):
-    r: int = Field(16, ge=1)
-    alpha: int = Field(32, ge=1)
-    dropout: float = Field(0.0, ge=0, lt=1)
+    r: int = Field(default=16, ge=1)
+    alpha: int = Field(default=32, ge=1)
+    dropout: float = Field(default=0.0, ge=0, lt=1)
     target_modules: str | list[str] = "all-linear"
 
 
@@ -29,16 +29,16 @@ class VLLMOptions(Strict):
     base_url: str | None = None
     """Connect to a running server (started with ``--logprobs-mode processed_logprobs``, ``--enable-lora``
     and runtime LoRA loading) instead of starting one on 127.0.0.1."""
-    max_loras: int = Field(8, ge=1)
+    max_loras: int = Field(default=8, ge=1)
     """Adapters the engine holds at once: the trainable roles, the pool members and one version in swap."""
-    max_model_len: int = Field(4096, ge=64)
+    max_model_len: int = Field(default=4096, ge=64)
     extra_args: list[str] = []
     """More ``vllm.entrypoints.openai.api_server`` flags (e.g. ``--block-size 32``,
     ``--gpu-memory-utilization 0.4``, ``--tensor-parallel-size 2``)."""
     python: str | None = None
     """The interpreter that has vLLM installed (default: this one)."""
-    start_timeout: float = Field(600.0, gt=0)
-    kv_cache_gib: float = Field(2.0, gt=0)
+    start_timeout: float = Field(default=600.0, gt=0)
+    kv_cache_gib: float = Field(default=2.0, gt=0)
     """CPU builds: the engine's KV cache (``VLLM_CPU_KVCACHE_SPACE``)."""
     env: dict[str, str] = {}
     """More environment for the engine's process, e.g. ``CUDA_VISIBLE_DEVICES: "1,2,3"`` to keep it off
@@ -58,21 +58,25 @@ class ModelConfig(Strict):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """auto: float32 on the CPU, bfloat16 on a GPU."""
     vllm: VLLMOptions = VLLMOptions()
-    kv_budget_tokens: int = Field(200_000, ge=0)
+    kv_budget_tokens: int = Field(default=200_000, ge=0)
     """Tokens of per-dialogue key/value cache kept between turns (0 turns reuse off)."""
     options: dict[str, Any] = {}
     """Options of a model that scope builds itself (``path: lab:...``, see scope/lab.py)."""
+    adapter: str | None = None
+    """A LoRA adapter directory (PEFT format) played on top of ``path`` by the frozen roles that use this
+    entry, e.g. the P4G simulator of ``scope sim fit`` (``runs/sim-p4g/adapter``). Entries with the same
+    weights share one base in memory, each adapter on it."""
     # backend: openai
     base_url: str | None = None
     model_name: str | None = None
     api_key_env: str | None = "OPENAI_API_KEY"
-    timeout: float = Field(60.0, gt=0)
-    concurrency: int = Field(8, ge=1)
-    max_retries: int = Field(4, ge=0)
-    backoff: float = Field(0.5, ge=0)
+    timeout: float = Field(default=60.0, gt=0)
+    concurrency: int = Field(default=8, ge=1)
+    max_retries: int = Field(default=4, ge=0)
+    backoff: float = Field(default=0.5, ge=0)
     json_schema: bool = False
     """The endpoint accepts ``response_format`` with a JSON schema (used by Verbalized Sampling)."""
-    max_tokens: int = Field(4096, ge=1)
+    max_tokens: int = Field(default=4096, ge=1)
     """openai: the completion-token limit of every request to this endpoint (in place of the role's
     ``max_new_tokens``, which is sized for local models): reasoning models spend tokens before they
     answer, and a reply cut off at the limit ends its episode as truncated."""
@@ -97,10 +101,10 @@ class ModelConfig(Strict):
 
 
 class VSConfig(Strict):
-    k: int = Field(5, ge=1, le=20)
+    k: int = Field(default=5, ge=1, le=20)
     method: Literal["prob", "random"] = "prob"
-    max_reasks: int = Field(2, ge=0)
-    max_new_tokens: int = Field(400, ge=16)
+    max_reasks: int = Field(default=2, ge=0)
+    max_new_tokens: int = Field(default=400, ge=16)
     max_words: int | Literal["auto"] | None = "auto"
     """The length guide in the request ("Keep each reply under N words."), as the Verbalized Sampling
     prompts give one: "auto" is 3/4 of the partner's plain ``max_new_tokens`` (about a word per 4/3
@@ -114,9 +118,9 @@ class PartnerSpec(Strict):
     """A key of ``models``."""
     id: str | None = None
     """The id recorded in rollouts (default: model name, plus 'vs' for Verbalized Sampling)."""
-    temperature: float = Field(0.7, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    max_new_tokens: int = Field(128, ge=1)
+    temperature: float = Field(default=0.7, ge=0)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    max_new_tokens: int = Field(default=128, ge=1)
     stop: list[str] = []
     decoding: Literal["plain", "vs"] = "plain"
     vs: VSConfig = VSConfig()
@@ -128,9 +132,9 @@ class PartnerSpec(Strict):
 
 
 class PoolConfig(Strict):
-    size: int = Field(5, ge=1)
+    size: int = Field(default=5, ge=1)
     """K: the pool keeps the newest K snapshots (FIFO)."""
-    every: int = Field(4, ge=1)
+    every: int = Field(default=4, ge=1)
     """C: a snapshot of the trained adapter every C steps (the pool starts with the initial one)."""
 
 
@@ -141,9 +145,9 @@ class RoleConfig(PartnerSpec):
     baseline: Literal["auto", "group", "step"] = "auto"
     """Advantage baseline: z-score within each task's group, or over the whole step (for a reward that is
     constant within a group); auto: the reward's own (curriculum: step, the others: group)."""
-    lr: float | None = Field(None, gt=0)
+    lr: float | None = Field(default=None, gt=0)
     """This role's learning rate (default train.lr): e.g. a simulator that learns slower than the agent."""
-    kl_coef: float | None = Field(None, ge=0)
+    kl_coef: float | None = Field(default=None, ge=0)
     """This role's KL coefficient to its reference weights (default train.kl_coef): e.g. a co-trained
     simulator kept close to the simulator it started from."""
     self_play: bool = False
@@ -192,12 +196,12 @@ class EnvConfig(Strict):
 
 
 class RolloutConfig(Strict):
-    n_tasks: int = Field(16, ge=1)
-    group_size: int = Field(8, ge=1)
-    max_context: int = Field(4096, ge=64)
+    n_tasks: int = Field(default=16, ge=1)
+    group_size: int = Field(default=8, ge=1)
+    max_context: int = Field(default=4096, ge=64)
     end_on_truncation: bool = True
     """A reply cut off at max_new_tokens ends the episode as ``truncated``."""
-    workers: int = Field(0, ge=0)
+    workers: int = Field(default=0, ge=0)
     """0: dialogues run in this process. N > 0: in N Ray actors, each with its own copy of the models
     (scope/distributed.py; needs ``pip install 'scope[scale]'``)."""
 
@@ -206,28 +210,28 @@ class RayConfig(Strict):
     address: str | None = None
     """Join a running cluster (``ray start --head`` on one machine, ``ray start --address`` on the
     others; e.g. ``auto`` or ``10.0.0.1:6379``); unset: a local instance bound to 127.0.0.1."""
-    cpus_per_worker: float = Field(1.0, gt=0)
-    threads_per_worker: int = Field(0, ge=0)
+    cpus_per_worker: float = Field(default=1.0, gt=0)
+    threads_per_worker: int = Field(default=0, ge=0)
     """torch threads in each worker (0: torch's default)."""
 
 
 class TrainConfig(Strict):
-    steps: int = Field(250, ge=1)
-    lr: float = Field(1e-6, gt=0)
+    steps: int = Field(default=250, ge=1)
+    lr: float = Field(default=1e-6, gt=0)
     betas: tuple[float, float] = (0.9, 0.98)
-    weight_decay: float = Field(0.1, ge=0)
-    eps_low: float = Field(0.2, gt=0, lt=1)
-    eps_high: float = Field(0.28, gt=0, lt=1)
-    kl_coef: float = Field(0.005, ge=0)
-    grad_clip: float = Field(1.0, gt=0)
-    micro_batch_tokens: int = Field(1024, ge=16)
-    num_minibatches: int = Field(1, ge=1)
+    weight_decay: float = Field(default=0.1, ge=0)
+    eps_low: float = Field(default=0.2, gt=0, lt=1)
+    eps_high: float = Field(default=0.28, gt=0, lt=1)
+    kl_coef: float = Field(default=0.005, ge=0)
+    grad_clip: float = Field(default=1.0, gt=0)
+    micro_batch_tokens: int = Field(default=1024, ge=16)
+    num_minibatches: int = Field(default=1, ge=1)
     success_threshold: float = 1.0
     """A group is all-success when every reward is >= this, all-failure when every reward is <= 0."""
-    no_signal_warn: int = Field(3, ge=1)
+    no_signal_warn: int = Field(default=3, ge=1)
     """Warn when a trainable role's updates carried no signal (every advantage 0, or a zero gradient)
     for this many consecutive steps."""
-    max_failed_steps: int = Field(3, ge=1)
+    max_failed_steps: int = Field(default=3, ge=1)
     """Stop the run with an error naming the cause once every episode of this many consecutive steps has
     failed (a dead endpoint, a bad environment option): it can no longer learn anything."""
 
@@ -235,7 +239,7 @@ class TrainConfig(Strict):
 class EvalConfig(Strict):
     panel: str | None = None
     """A panel YAML (partners marked seen/unseen); None: no held-out evaluation during training."""
-    every: int = Field(16, ge=1)
+    every: int = Field(default=16, ge=1)
     select_on: Literal["seen", "all"] = "seen"
     """The best checkpoint (RUN_DIR/best) is chosen by the mean over the seen partners only, as the paper
     selects with no evaluation-only simulator; ``all`` also lets the unseen ones choose (then the unseen
@@ -245,28 +249,28 @@ class EvalConfig(Strict):
 
 
 class DiagnosticsConfig(Strict):
-    decompose_every: int = Field(0, ge=0)
+    decompose_every: int = Field(default=0, ge=0)
     """Every this many steps (0: never), split the group reward variance into partner and agent parts by
     nested resampling on a sample of this step's tasks (the agent's turns replayed, the partner resampled)."""
-    decompose_tasks: int = Field(2, ge=1)
-    decompose_samples: int = Field(4, ge=2)
+    decompose_tasks: int = Field(default=2, ge=1)
+    decompose_samples: int = Field(default=4, ge=2)
     """First-stage rollouts per task (the agent part is the variance between them, within the task)."""
-    decompose_resamples: int = Field(4, ge=2)
-    probe_every: int = Field(10, ge=0)
+    decompose_resamples: int = Field(default=4, ge=2)
+    probe_every: int = Field(default=10, ge=0)
     """Every this many steps (and at step 1; 0: never), the partner's behaviour modal mass at a fixed set of
     probe states (saved at step 1: the untrained agent's first turns), so that it measures the partner, not
     where the agent's rollouts happen to go (environments with a behaviour classifier: p4g, lab)."""
-    probe_states: int = Field(8, ge=1)
-    probe_samples: int = Field(8, ge=2)
+    probe_states: int = Field(default=8, ge=1)
+    probe_samples: int = Field(default=8, ge=2)
 
 
 class RunConfig(Strict):
     dir: str = "runs/scope"
     seed: int = 0
-    save_every: int = Field(10, ge=1)
-    keep_checkpoints: int = Field(2, ge=1)
+    save_every: int = Field(default=10, ge=1)
+    keep_checkpoints: int = Field(default=2, ge=1)
     save_rollouts: bool = True
-    threads: int | None = Field(None, ge=1)
+    threads: int | None = Field(default=None, ge=1)
     progress: bool = True
 
 
@@ -275,6 +279,10 @@ class Config(Strict):
     models: dict[str, ModelConfig] = {"policy": ModelConfig()}
     agent: RoleConfig = RoleConfig(trainable=True)
     partner: RoleConfig = RoleConfig()
+    envsim: RoleConfig | None = None
+    """The environment simulator (tau2 with ``env.options.tools: simulated``): a model that answers the agent's
+    tool calls, a role like the partner (frozen, a rotation, trainable on its accuracy against the exact
+    tools). Unset: the environment's own tools answer."""
     env: EnvConfig = EnvConfig()
     rollout: RolloutConfig = RolloutConfig()
     ray: RayConfig = RayConfig()
@@ -291,8 +299,7 @@ class Config(Strict):
 
     @model_validator(mode="after")
     def _check_refs(self):
-        for role in ("agent", "partner"):
-            rc: RoleConfig = getattr(self, role)
+        for role, rc in self.roles().items():
             for i, spec in enumerate(rc.specs()):
                 where = f"{role}.rotation.{i}.model" if rc.source == "rotation" else f"{role}.model"
                 if spec.model not in self.models:
@@ -303,7 +310,8 @@ class Config(Strict):
             if rc.source == "pool" and self.models[rc.model].finetune != "lora":
                 raise ValueError(f"{role}: a pool holds LoRA adapters; models.{rc.model}.finetune must be lora")
         if self.env.judge is not None and self.env.judge.model not in self.models:
-            raise ValueError(f"env.judge.model: {self.env.judge.model!r} is not one of models ({', '.join(self.models)})")
+            raise ValueError(f"env.judge.model: {self.env.judge.model!r} is not one of models "
+                             f"({', '.join(self.models)})")
         a, p = self.agent, self.partner
         if a.trainable and p.trainable and not p.self_play and a.model == p.model \
                 and self.models[a.model].finetune == "full":
@@ -333,10 +341,22 @@ class Config(Strict):
         except KeyError as e:
             raise ValueError(f"env.name: {e.args[0]}") from None
         self.env.options = env_cls.check_options(self.env.options)  # names and types, before anything runs
+        simulated = self.env.options.get("tools") == "simulated"
+        if simulated and self.envsim is None:
+            raise ValueError("env.options.tools: simulated needs an envsim role (envsim: {model: ...}): the model "
+                             "that answers the agent's tool calls")
+        if self.envsim is not None and not simulated:
+            raise ValueError("envsim: an environment simulator plays only with env.options.tools: simulated "
+                             "(tau2_retail, tau2_airline)")
+        if self.envsim is not None and self.envsim.self_play:
+            raise ValueError("envsim.self_play: the environment simulator plays the tools, not the agent")
         return self
 
     def roles(self) -> dict[str, RoleConfig]:
-        return {"agent": self.agent, "partner": self.partner}
+        out = {"agent": self.agent, "partner": self.partner}
+        if self.envsim is not None:
+            out["envsim"] = self.envsim
+        return out
 
 
 class ConfigError(ValueError):

@@ -9,7 +9,8 @@ each role's model reference replaced by its name (backend key, adapter), and the
 Weights reach the workers the way they reach an engine: adapter-only and by version. Before a step the
 driver compares each adapter's version (the learner's update count; a pool member's copy) with the
 version each worker holds, and sends the adapters that moved (each read once a step and put in Ray's
-store once, whichever workers need it); adapters that left the driver's model (an evicted pool member) are deleted on the workers.
+store once, whichever workers need it); adapters that left the driver's model (an evicted pool member) are
+deleted on the workers.
 Fully fine-tuned weights are sent whole.
 
 A worker that dies, or a call that raises, turns that worker's episodes into failed episodes (the step
@@ -98,8 +99,8 @@ class RayRollout:
             live[key] = local.adapter_names()
             for a in live[key]:
                 versions[(key, a)] = local.versions.get(a, 0)
-            if self.cfg.models[key.split("#")[0]].finetune == "full" and "#" not in key \
-                    and local.versions.get(None, 0):
+            mc = self.cfg.models.get(key.split("#")[0])  # (a shared LoRA base's key names no single entry)
+            if mc is not None and mc.finetune == "full" and "#" not in key and local.versions.get(None, 0):
                 versions[(key, None)] = local.versions[None]
         return versions, live
 
@@ -115,7 +116,7 @@ class RayRollout:
             kw["judge"] = _swap_binding(kw["judge"], self._name)
         parts = [jobs[k::self.n] for k in range(self.n)] if len(jobs) >= self.n else [jobs]
         kw = {k: v for k, v in kw.items() if k != "progress"}
-        calls = []
+        calls: list[Any] = []  # Ray object refs, None for a worker with no jobs
         t0 = time.perf_counter()
         versions, live = self._weights()
         stored: dict[tuple[str, str | None], Any] = {}  # each moved adapter read and put in Ray's store once
@@ -175,7 +176,8 @@ class RayRollout:
 def _adapter_state(local, adapter: str) -> dict:
     from peft import get_peft_model_state_dict
 
-    return {k: t.detach().cpu().clone() for k, t in get_peft_model_state_dict(local.model, adapter_name=adapter).items()}
+    state = get_peft_model_state_dict(local.model, adapter_name=adapter)
+    return {k: t.detach().cpu().clone() for k, t in state.items()}
 
 
 def _adapter_config(local, adapter: str) -> dict:

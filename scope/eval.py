@@ -19,6 +19,7 @@ import yaml
 from pydantic import Field, ValidationError
 
 from .config import ConfigError, ModelConfig, PartnerSpec, Strict, _format
+from .models.loading import adapter_dir, load_frozen_adapter  # noqa: F401 - callers' names
 from .diagnostics import behaviour_stats, classifier_of, group_similarity, variance_decomposition
 from .envs import get_env
 from .partners.binding import Binding, spec_binding
@@ -43,11 +44,11 @@ class PanelEntry(PartnerSpec):
 class Panel(Strict):
     models: dict[str, ModelConfig] = {}
     partners: list[PanelEntry]
-    episodes: int | None = Field(None, ge=1)
+    episodes: int | None = Field(default=None, ge=1)
     """Episodes per partner, cycling through the split's tasks; None: every task of the split,
     ``repeats`` times."""
-    repeats: int = Field(1, ge=1)
-    temperature: float = Field(0.0, ge=0)
+    repeats: int = Field(default=1, ge=1)
+    temperature: float = Field(default=0.0, ge=0)
     """The agent's sampling temperature during evaluation."""
     split: str | None = None
     seed: int = 0
@@ -75,18 +76,22 @@ def load_panel(path_or_data: str | dict) -> Panel:
 
 def frozen_refs(models: dict[str, ModelConfig], backends: dict, seed: int = 0) -> dict[str, Any]:
     """A frozen ModelRef (base weights) or endpoint client per model name, reusing loaded backends."""
-    from .models.local import ModelRef, open_backend
+    from .models.local import open_backend
     from .models.openai_backend import OpenAIRef
 
-    out = {}
+    from .models.loading import backend_key, frozen_ref
+
+    out: dict[str, Any] = {}
     for name, mc in models.items():
         if mc.backend == "openai":
             out[name] = OpenAIRef.from_config(name, mc, seed)
             continue
         key = f"{name}#frozen" if f"{name}#frozen" in backends else name  # not the fully fine-tuned copy
+        if key == name and name not in backends:
+            key = backend_key(name, mc)
         if key not in backends:
             backends[key] = open_backend(mc, name, seed=seed)
-        out[name] = ModelRef(id=f"{name}:base", backend=backends[key])
+        out[name] = frozen_ref(name, mc, backends[key])
     return out
 
 
@@ -106,37 +111,6 @@ def fixed_sampling(refs: list[Any], seed: int):
     finally:
         for g, state in gens.values():
             g.set_state(state)
-
-
-def adapter_dir(path: str) -> str:
-    """The PEFT adapter directory that ``path`` names (see ``PanelEntry.adapter``)."""
-    for d in (path, os.path.join(path, "partner", "partner"), os.path.join(path, "partner"),
-              os.path.join(path, "agent", "agent"), os.path.join(path, "agent")):
-        if os.path.exists(os.path.join(d, "adapter_config.json")):
-            return d
-    raise ConfigError(f"adapter {path}: no adapter_config.json there, nor in its partner/ or agent/ directory")
-
-
-def load_frozen_adapter(ref: Any, path: str, name: str) -> Any:
-    """``ref``'s model with the adapter at ``path`` loaded under ``name``: a frozen ModelRef."""
-    from peft import PeftConfig, set_peft_model_state_dict
-    from peft.utils import load_peft_weights
-
-    from .models.local import ModelRef
-
-    backend = getattr(ref, "backend", None)
-    if backend is None or not hasattr(backend, "add_lora"):
-        raise ConfigError(f"adapter {path}: its model must be a local or vllm model, not an endpoint")
-    d = adapter_dir(path)
-    if name not in backend.adapter_names():
-        pc = PeftConfig.from_pretrained(d)
-        target = pc.target_modules if isinstance(pc.target_modules, str) else sorted(pc.target_modules)
-        backend.add_lora(name, r=pc.r, alpha=pc.lora_alpha, target_modules=target)
-        set_peft_model_state_dict(backend.model, load_peft_weights(d), adapter_name=name)
-        for n, prm in backend.model.named_parameters():
-            if f".{name}." in n:
-                prm.requires_grad_(False)
-    return ModelRef(id=f"{ref.id.split(':')[0]}:{name}", backend=backend, adapter=name)
 
 
 def panel_jobs(agent: Binding, panel: Panel, refs: dict[str, Any], env_name: str, env_options: dict,
@@ -195,6 +169,7 @@ def evaluate(agent: Binding, panel: Panel, refs: dict[str, Any], env_name: str, 
     agent = Binding(id=agent.id, ref=agent.ref, vs=agent.vs, note=agent.note,
                     sampling=SamplingParams(temperature=panel.temperature, top_p=agent.sampling.top_p,
                                             max_new_tokens=agent.sampling.max_new_tokens, stop=agent.sampling.stop))
+    env_options = get_env(env_name).eval_options(env_options)  # e.g. tau2 trained on simulated tools: the exact ones
     jobs, owner = panel_jobs(agent, panel, refs, env_name, env_options, split, seed)
     used = [agent.ref] + [j.refs["partner"].ref for j in jobs] + ([judge.ref] if judge else [])
     with fixed_sampling(used, seed):

@@ -35,9 +35,9 @@ class _ChunkedLogProbs(torch.autograd.Function):
         lse = torch.empty_like(logp)
         for s in range(0, h.shape[0], chunk):
             z = torch.nn.functional.linear(h[s:s + chunk], weight, bias).float() / temperature
-            lse[s:s + chunk] = l = torch.logsumexp(z, -1)
-            logp[s:s + chunk] = z.gather(-1, targets[s:s + chunk, None])[:, 0] - l
-            ent[s:s + chunk] = l - (torch.softmax(z, -1) * z).sum(-1)
+            lse[s:s + chunk] = lz = torch.logsumexp(z, -1)
+            logp[s:s + chunk] = z.gather(-1, targets[s:s + chunk, None])[:, 0] - lz
+            ent[s:s + chunk] = lz - (torch.softmax(z, -1) * z).sum(-1)
         ctx.save_for_backward(h, weight, bias, targets, lse)
         ctx.temperature, ctx.chunk = temperature, chunk
         ctx.mark_non_differentiable(ent)
@@ -165,7 +165,7 @@ class Learner:
     def __init__(self, backend: LocalBackend, adapter: str | None, cfg: LearnerConfig):
         self.backend, self.adapter, self.cfg = backend, adapter, cfg
         self.params = backend.set_trainable(adapter)
-        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, betas=tuple(cfg.betas),
+        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, betas=(cfg.betas[0], cfg.betas[1]),
                                            weight_decay=cfg.weight_decay)
         self.ref_model = None
         if cfg.kl_coef > 0 and adapter is None:  # full fine-tuning needs its own frozen copy
@@ -184,7 +184,7 @@ class Learner:
         ids = torch.full((len(traces), L), pad, dtype=torch.long)
         att = torch.zeros((len(traces), L), dtype=torch.long)
         sel = torch.zeros((len(traces), L), dtype=torch.bool)
-        old = []
+        old: list[float] = []
         for i, t in enumerate(traces):
             n = len(t.token_ids)
             ids[i, :n] = torch.tensor(t.token_ids)
@@ -197,7 +197,9 @@ class Learner:
 
     def _micro_batches(self, items: list[tuple[Trace, float]]) -> list[list[tuple[Trace, float]]]:
         items = sorted(items, key=lambda x: len(x[0].token_ids))
-        out, cur, cur_max = [], [], 0
+        out: list[list[tuple[Trace, float]]] = []
+        cur: list[tuple[Trace, float]] = []
+        cur_max = 0
         for it in items:
             n = len(it[0].token_ids)
             if cur and max(cur_max, n) * (len(cur) + 1) > self.cfg.micro_batch_tokens:
@@ -209,7 +211,7 @@ class Learner:
             out.append(cur)
         return out
 
-    def update(self, traces: Sequence[Trace], advantages: Sequence[float]) -> dict[str, float]:
+    def update(self, traces: Sequence[Trace], advantages: Sequence[float | None]) -> dict[str, float]:
         items = [(t, a) for t, a in zip(traces, advantages) if a is not None and t.n_generated > 1]
         if not items:
             return {"trained_sequences": 0}
@@ -310,5 +312,5 @@ def release_free_memory() -> None:
         _TRIM(0)
 
 
-_TRIM = None
+_TRIM: Any = None  # libc's malloc_trim, or False where there is none
 

@@ -12,10 +12,11 @@ def load_policy(policy: str, cfg_path: str | None, model: str | None, overrides:
     from .models.local import ModelRef, load_backend
     from .partners.binding import spec_binding
 
-    if policy != "base":
-        cfg_path = cfg_path or os.path.join(policy, "config.yaml")
-        if not os.path.exists(cfg_path):
-            cfg_path = os.path.join(os.path.dirname(os.path.dirname(os.path.normpath(policy))), "config.yaml")
+    if policy != "base" and cfg_path is None:  # the run's config: beside RUN_DIR/best, above checkpoints/step_N
+        p = os.path.normpath(policy)
+        found = [c for c in (os.path.join(p, "config.yaml"), os.path.join(os.path.dirname(p), "config.yaml"),
+                             os.path.join(os.path.dirname(os.path.dirname(p)), "config.yaml")) if os.path.exists(c)]
+        cfg_path = found[0] if found else None
     if cfg_path and os.path.exists(cfg_path):
         cfg = load_config(cfg_path, overrides)
     else:

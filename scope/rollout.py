@@ -310,6 +310,7 @@ def _run_text_requests(items: list[_Req], stats: RolloutStats, vs: bool) -> None
                 _count(stats, c.model_id or b.id, len(c.token_ids))
         return
     cfg = b.vs
+    assert cfg is not None  # a Verbalized Sampling binding carries its VS settings
     instr = vs_mod.instruction(cfg.k, cfg.method, vs_mod.max_words(cfg.max_words, b.sampling.max_new_tokens))
     rf = ({"type": "json_schema", "json_schema": vs_mod.json_schema(cfg.k, cfg.method)}
           if getattr(b.ref, "json_schema", False) else None)
@@ -326,7 +327,7 @@ def _run_text_requests(items: list[_Req], stats: RolloutStats, vs: bool) -> None
     def restart_fn(text: str) -> bool:  # a runaway attempt is started over at once, in the running batch
         return vs_mod.runaway(prefix + text, limit)
 
-    records = {id(r): {"attempts": 0, "errors": []} for r in items}
+    records: dict[int, dict[str, Any]] = {id(r): {"attempts": 0, "errors": []} for r in items}
     todo, left_over = list(items), []
     while todo:
         left = min(1 + cfg.max_reasks - records[id(r)]["attempts"] for r in todo)

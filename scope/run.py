@@ -6,7 +6,7 @@ import os
 import random
 import re
 import shutil
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -19,7 +19,7 @@ STEP_DIR = re.compile(r"step_\d{6}$")
 
 def fsync_tree(path: str) -> None:
     """Flush every file under ``path`` and the directories themselves to disk (before a rename publishes them)."""
-    for root, dirs, files in os.walk(path):
+    for root, _dirs, files in os.walk(path):
         for name in files:
             fd = os.open(os.path.join(root, name), os.O_RDONLY)
             try:
@@ -202,7 +202,7 @@ class Checkpointer:
             save_weights(learner.backend, learner.adapter, os.path.join(tmp, role))
         state = {
             "step": step,
-            "learners": {r: l.state_dict() for r, l in learners.items()},
+            "learners": {r: learner.state_dict() for r, learner in learners.items()},
             "sampler": sampler.state_dict(),
             "env_rng": env_rng.getstate(),
             "python_rng": random.getstate(),
@@ -266,7 +266,8 @@ class Checkpointer:
 
 def _numpy_state() -> tuple:
     """numpy's global RNG state in plain types (a checkpoint is loaded with ``weights_only``)."""
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    state = cast("tuple[str, np.ndarray, int, int, float]", np.random.get_state())  # legacy=True: a tuple
+    kind, keys, pos, has_gauss, cached = state
     return kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)
 
 

@@ -11,21 +11,24 @@ from typing import Any
 
 from .config import Config
 from .models.local import LocalBackend, ModelRef, open_backend
+from .models.loading import backend_key, frozen_ref
 from .partners.sources import build_sources
 
 
 def build_models(cfg: Config) -> tuple[dict[str, LocalBackend], dict[str, Any], dict[str, Any]]:
     """Return (backends, sources per role, trainable ModelRef per role)."""
     backends: dict[str, LocalBackend] = {}
+    full_trained = {rc.model for rc in cfg.roles().values()
+                    if rc.trainable and not rc.self_play and cfg.models[rc.model].finetune == "full"}
 
     def backend(key: str, model_name: str) -> LocalBackend:
+        key = backend_key(model_name, cfg.models[model_name], full_trained) if key == model_name else key
         if key not in backends:
             mc = cfg.models[model_name]
             backends[key] = open_backend(mc, model_name, seed=cfg.run.seed + len(backends))
         return backends[key]
 
     trainable: dict[str, ModelRef] = {}
-    full_trained = set()
     for role, rc in cfg.roles().items():
         if not rc.trainable:
             continue
@@ -39,10 +42,9 @@ def build_models(cfg: Config) -> tuple[dict[str, LocalBackend], dict[str, Any], 
                        target_modules=mc.lora.target_modules)
             trainable[role] = ModelRef(id=f"{rc.model}:{role}", backend=b, adapter=role, trainable=True)
         else:
-            full_trained.add(rc.model)
             trainable[role] = ModelRef(id=f"{rc.model}:{role}", backend=b, trainable=True)
     frozen: dict[str, Any] = {}
-    for role, rc in cfg.roles().items():
+    for _role, rc in cfg.roles().items():
         if rc.trainable:
             continue
         for spec in rc.specs():
@@ -56,7 +58,7 @@ def build_models(cfg: Config) -> tuple[dict[str, LocalBackend], dict[str, Any], 
                 frozen[name] = OpenAIRef.from_config(name, mc, cfg.run.seed)
             else:
                 key = f"{name}#frozen" if name in full_trained else name
-                frozen[name] = ModelRef(id=f"{name}:base", backend=backend(key, name), trainable=False)
+                frozen[name] = frozen_ref(name, mc, backend(key, name))
     return backends, build_sources(cfg, frozen, trainable), trainable
 
 

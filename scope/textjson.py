@@ -7,8 +7,8 @@ helpers look at each character a bounded number of times:
 - :func:`json_spans` finds the maximal balanced ``{...}`` / ``[...]`` spans (brackets inside JSON
   strings do not count; quotes outside brackets are prose), which are disjoint, so decoding each
   one once is linear in total;
-- :func:`json_values` decodes them in order; :func:`first_json` decodes them in order and returns the first value (or nested value) that a
-  predicate accepts;
+- :func:`json_values` decodes them in order; :func:`first_json` decodes them in order and returns the first
+  value (or nested value) that a predicate accepts;
 - :func:`string_tokens` lexes the complete JSON strings of a text in one pass (for salvaging pairs
   such as ``"text": "..."`` from JSON that is broken as a whole).
 """

@@ -17,12 +17,12 @@ import os
 import random
 import shutil
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import torch
 
-from .config import Config
+from .config import Config, ConfigError
 from .envs import get_env
 from .learner import Learner, LearnerConfig, group_advantages
 from .partners.rewards import apply_partner_reward, baseline_of
@@ -33,6 +33,9 @@ from .run import Checkpointer, MetricsLogger, RunDir, publish_dir, recover_dir, 
 from .guards import check_start, endpoint_metrics, starting, stop_if_dead
 from .setup import build_judge, build_models
 from .types import Episode, Task
+
+if TYPE_CHECKING:
+    from .eval import ProbeStates
 
 
 class TaskSampler:
@@ -45,7 +48,7 @@ class TaskSampler:
         self.order: list[int] = []
 
     def next(self, n: int) -> list[Task]:
-        out = []
+        out: list[Task] = []
         while len(out) < n:
             if not self.order:
                 self.order = list(range(len(self.tasks)))
@@ -135,7 +138,7 @@ def train(cfg: Config, resume: bool = False, on_step_end: Callable[[int], None] 
     for step in range(start + 1, cfg.train.steps + 1):
         t0 = time.time()
         jobs = make_jobs(cfg, sampler.next(cfg.rollout.n_tasks), sources, step, env_rng)
-        progress = (lambda s: log(f"  step {step} {s}")) if cfg.run.progress else None
+        progress = (lambda s, step=step: log(f"  step {step} {s}")) if cfg.run.progress else None
         episodes, rstats = rollout(jobs, max_context=cfg.rollout.max_context,
                                         end_on_truncation=cfg.rollout.end_on_truncation, progress=progress,
                                         judge=judge)
@@ -184,6 +187,8 @@ class PanelEval:
         from .partners.binding import spec_binding
 
         self.cfg, self.rundir, self.judge = cfg, run, judge
+        if cfg.eval.panel is None:  # (train makes one only for a config with a panel)
+            raise ConfigError("invalid panel: eval.panel is not set")
         self.panel = load_panel(cfg.eval.panel)
         models = dict(cfg.models)
         models.update(self.panel.models)
@@ -287,7 +292,7 @@ class PartnerProbe:
         self.cfg, self.classify, self.on = cfg, classify, classify is not None and d.probe_every > 0
         self.path = run.file("probes.json")
         self.tasks = {t.id: t for t in tasks}
-        self.states = None
+        self.states: ProbeStates | None = None
 
     def run(self, step: int, jobs: list[Job], episodes: list[Episode]) -> dict[str, float]:
         from .eval import ProbeStates
@@ -369,6 +374,13 @@ def episode_metrics(episodes: list[Episode]) -> dict[str, float]:
             out[f"{role}_tokens_mean"] = float(np.mean(gen))
         out[f"truncated_replies/{role}"] = sum(e.meta.get("truncated_replies", {}).get(role, 0) for e in episodes)
     out.update(coop_metrics(ok))
+    sims = [e.meta["envsim"] for e in ok if isinstance(e.meta.get("envsim"), dict)]
+    if sims:  # tau2 with simulated tools: how faithfully the simulator played them
+        n = sum(x["calls"] for x in sims) or 1
+        out.update({"envsim/fm": sum(x["fm"] * x["calls"] for x in sims) / n,
+                    "envsim/cm": sum(x["cm"] * x["calls"] for x in sims) / n,
+                    "envsim/accuracy": sum(x["accuracy"] * x["calls"] for x in sims) / n,
+                    "envsim/calls_per_episode": sum(x["calls"] for x in sims) / len(sims)})
     vs = [v for e in episodes for v in e.meta.get("vs", [])]
     if vs:
         out["vs/fallback_frac"] = sum(v.get("fallback", False) for v in vs) / len(vs)

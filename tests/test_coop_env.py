@@ -69,7 +69,8 @@ def test_actions_are_parsed():
     assert parse_action("I will look.\n```bash\nls -la\n```") == ("bash", "ls -la")
     assert parse_action("```bash\nsubmit\n```") == ("submit", "")
     assert parse_action("```\nsend_message I edit slugify only\n```") == ("message", "I edit slugify only")
-    assert parse_action("```bash\nsend_message <<'MSG'\nline one\nline two\nMSG\n```") == ("message", "line one\nline two")
+    assert parse_action("```bash\nsend_message <<'MSG'\nline one\nline two\nMSG\n```") == ("message",
+                                                                                           "line one\nline two")
     assert parse_action("no command here") is None and parse_action("```bash\n\n```") is None
 
 
@@ -212,6 +213,7 @@ def test_training_modes_run_on_coop_coding(tmp_path, mode):
         from scope.plot import plot_runs
 
         files = plot_runs([str(tmp_path / "run")], str(tmp_path / "plots"))
-        assert {"coop_success.png", "coop_messages.png", "coop_turns_to_submit.png"} <= {os.path.basename(f) for f in files}
+        assert ({"coop_success.png", "coop_messages.png", "coop_turns_to_submit.png"}
+                <= {os.path.basename(f) for f in files})
     if mode == "population":
         assert all(r["models"]["partner"] != r["models"]["agent"] for r in recs)  # a pool member plays

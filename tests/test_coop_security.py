@@ -40,7 +40,8 @@ TRAPS = {
     "fsmonitor": ["git config core.fsmonitor 'touch {m}; true'"],
     "textconv": ["git config diff.evil.textconv \"sh -c 'touch {m}; cat \\\"\\$0\\\"'\"",
                  "echo '* diff=evil' > .gitattributes"],
-    "hook": ["printf '#!/bin/sh\\ntouch {m}\\n' > .git/hooks/post-index-change && chmod +x .git/hooks/post-index-change"],
+    "hook": ["printf '#!/bin/sh\\ntouch {m}\\n' > .git/hooks/post-index-change "
+             "&& chmod +x .git/hooks/post-index-change"],
     "home_gitconfig": ["printf '[core]\\n\\tfsmonitor = touch {m}; true\\n' > .gitconfig"],
 }
 
@@ -62,7 +63,8 @@ def test_the_patch_is_the_workspace_change_and_ignores_the_agents_git_state(tmp_
     task = next(p for p in cls.load_tasks("train") if p.id.startswith("textkit_task/"))
     env = cls(task, random.Random(0), command_seconds=30)
     box = env.boxes["agent"]
-    assert box.run("echo 'extra = 1' >> textkit.py && git add -A && git -c user.name=a -c user.email=a@a commit -qm x && git tag -f base && "
+    assert box.run("echo 'extra = 1' >> textkit.py && git add -A && "
+                   "git -c user.name=a -c user.email=a@a commit -qm x && git tag -f base && "
                    "rm -rf .git/objects/* && echo changed > README_NEW.md").ok
     patch = env.patch("agent")
     assert "+extra = 1" in patch and "README_NEW.md" in patch

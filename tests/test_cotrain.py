@@ -1,7 +1,6 @@
 """Trainable partners: rewards, Co-Training, self-play, the population pool and its checkpointing."""
 import json
 import math
-import os
 import random
 
 import pytest
@@ -105,7 +104,7 @@ def test_each_roles_loss_sees_only_its_own_tokens(two_adapters):
     tok = b.tokenizer
     learner = Learner(b, "agent", LearnerConfig())
     for e in eps:
-        for role, other in (("agent", "partner"), ("partner", "agent")):
+        for role, _other in (("agent", "partner"), ("partner", "agent")):
             tr = e.traces[role]
             ids, att, sel, _ = learner._batch([tr])
             trained = ids[sel].tolist()

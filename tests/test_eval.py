@@ -56,7 +56,8 @@ def test_variance_decomposition_is_conditional_on_the_task():
     # one task always succeeds and the other always fails: that is neither the partner nor the agent
     v = variance_decomposition({"easy": [[1, 1], [1, 1]], "hard": [[0, 0], [0, 0]]})
     assert (v["partner"], v["agent"], v["total"]) == (0.0, 0.0, 0.0)
-    assert variance_decomposition([[1, 1], [1, 1], [0, 0], [0, 0]])["agent"] == pytest.approx(1 / 3)  # pooled: mistaken for agent
+    # pooled: mistaken for agent
+    assert variance_decomposition([[1, 1], [1, 1], [0, 0], [0, 0]])["agent"] == pytest.approx(1 / 3)
     # in task A only the agent's turns matter, in task B only the partner's: each part is averaged over tasks
     v = variance_decomposition({"A": [[0, 0], [1, 1]], "B": [[0, 1], [0, 1]]})
     assert v["partner"] == pytest.approx(0.25) and v["agent"] == pytest.approx((0.5 - 0.25) / 2)
@@ -200,6 +201,11 @@ def test_training_evaluates_the_panel_and_keeps_the_best(tmp_path):
     at = next(m for m in ms if m["step"] == best["step"])
     assert best["eval/unseen_mean"] == at["eval/unseen_mean"] and best["score"] == at["eval/seen_mean"]
     assert (tmp_path / "run" / "best" / "agent" / "adapter_model.safetensors").exists()
+    from scope.policy import load_policy
+
+    for policy in ("best", "checkpoints/step_000002"):  # either finds the run's own config
+        cfg, _, agent = load_policy(str(tmp_path / "run" / policy), None, None, [])
+        assert cfg.env.options == {"max_turns": 1, "force_decision": True} and agent.ref.adapter == "agent"
     assert (tmp_path / "run" / "eval" / "step_000001" / "eval.md").exists()
     # scope eval on the saved checkpoint, from the command line
     out = tmp_path / "ev"

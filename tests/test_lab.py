@@ -15,7 +15,8 @@ from scope.partners import vs as vs_mod
 
 
 def env_for(need="cheap", **kw):
-    return CollapseLab(next(t for t in CollapseLab.load_tasks("train") if t.data["need"] == need), random.Random(0), **kw)
+    return CollapseLab(next(t for t in CollapseLab.load_tasks("train") if t.data["need"] == need), random.Random(0),
+                       **kw)
 
 
 def test_tasks_split_by_customer_and_share_the_agent_prompt():

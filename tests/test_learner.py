@@ -1,13 +1,12 @@
 """GRPO: group advantages, the clipped loss, masking, and a learner that climbs."""
 import math
-import random
 
 import pytest
 import torch
 
 from scope.config import parse_config
 from scope.learner import Learner, LearnerConfig, group_advantages, token_logprobs
-from scope.models.local import ModelRef, load_tokenizer, tiny_backend
+from scope.models.local import load_tokenizer, tiny_backend
 from scope.run import read_metrics
 from scope.train import train
 from scope.types import Episode, Trace
@@ -95,7 +94,7 @@ def _rollout_trace(backend, n=24, seed=0):
     with torch.no_grad():
         lg = backend.model(torch.tensor([ids])).logits[0].float() / 0.7
     lp = torch.log_softmax(lg, -1)[:-1].gather(-1, torch.tensor(ids[1:])[:, None])[:, 0].tolist()
-    lps = [0.0] + [l if m else 0.0 for l, m in zip(lp, mask[1:])]
+    lps = [0.0] + [x if m else 0.0 for x, m in zip(lp, mask[1:])]
     return _trace(ids, mask, lps)
 
 
@@ -104,7 +103,7 @@ def test_loss_selects_exactly_the_masked_tokens(char_backend):
     learner = Learner(char_backend, None, LearnerConfig(lr=1e-3, kl_coef=0.0))
     ids, att, sel, old = learner._batch([tr])
     assert ids[sel].tolist() == [t for t, m in zip(tr.token_ids, tr.mask) if m]
-    assert old.tolist() == pytest.approx([l for l, m in zip(tr.logprobs, tr.mask) if m])
+    assert old.tolist() == pytest.approx([x for x, m in zip(tr.logprobs, tr.mask) if m])
 
 
 def _grads(backend, trace, adv, kl=0.0):
@@ -120,7 +119,7 @@ def test_partner_and_env_positions_never_reach_the_loss(char_backend):
     except through the context the agent actually saw; with the context fixed, NaNs there change nothing."""
     tr = _rollout_trace(char_backend)
     g1 = _grads(char_backend, tr, 1.0, kl=0.005)
-    poisoned = _trace(tr.token_ids, tr.mask, [float("nan") if not m else l for l, m in zip(tr.logprobs, tr.mask)])
+    poisoned = _trace(tr.token_ids, tr.mask, [float("nan") if not m else x for x, m in zip(tr.logprobs, tr.mask)])
     g2 = _grads(char_backend, poisoned, 1.0, kl=0.005)
     assert all(torch.isfinite(a).all() for a in g2)
     assert all(torch.equal(a, b) for a, b in zip(g1, g2))
@@ -133,7 +132,7 @@ def test_partner_and_env_positions_never_reach_the_loss(char_backend):
 def test_clipped_ratio_has_no_gradient_beyond_the_clip(char_backend):
     tr = _rollout_trace(char_backend)
     # pretend the rollout policy gave these tokens much lower probability: ratio >> 1 + eps_high
-    far = _trace(tr.token_ids, tr.mask, [l - 5.0 if m else 0.0 for l, m in zip(tr.logprobs, tr.mask)])
+    far = _trace(tr.token_ids, tr.mask, [x - 5.0 if m else 0.0 for x, m in zip(tr.logprobs, tr.mask)])
     g = _grads(char_backend, far, +1.0)
     assert all(float(x.abs().max()) == 0.0 for x in g)
     # with a negative advantage the unclipped branch is active and gradients flow

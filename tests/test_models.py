@@ -28,7 +28,8 @@ def teacher_forced_logprobs(b, prompt, out, temperature):
 
 def test_batched_logprobs_match_a_full_forward_also_with_kv_reuse(b):
     prompts = [enc(b, [{"role": "user", "content": "hi"}]),
-               enc(b, [{"role": "system", "content": "a much longer system prompt"}, {"role": "user", "content": "yo"}])]
+               enc(b, [{"role": "system", "content": "a much longer system prompt"},
+                       {"role": "user", "content": "yo"}])]
     sp = SamplingParams(temperature=0.9, max_new_tokens=12)
     outs = b.generate(prompts, sp, sessions=["x", "y"])
     for p, o in zip(prompts, outs):

@@ -50,15 +50,16 @@ def training_sources(cfg) -> list[dict]:
         if p.source == "persona":
             texts += [x["text"] for x in load_personas(p.personas)]
         m = cfg.models[s.model]
-        out.append({"model": (m.path, tuple(sorted((m.options or {}).items()))), "decoding": s.decoding,
+        out.append({"model": (m.path, tuple(sorted((m.options or {}).items())), m.adapter), "decoding": s.decoding,
                     "temperature": s.temperature, "texts": texts, "note": s.note})
     return out
 
 
 def shipped_training_configs():
     paths = [f for f in glob.glob(os.path.join(ROOT, "configs", "*.yaml"))]
-    paths += [f for f in glob.glob(os.path.join(ROOT, "configs", "lab", "*.yaml"))
-              if os.path.basename(f) not in ("panel.yaml",)]
+    for sub in ("lab", "p4g_mini"):
+        paths += [f for f in glob.glob(os.path.join(ROOT, "configs", sub, "*.yaml"))
+                  if os.path.basename(f) not in ("panel.yaml",)]
     out = []
     for f in sorted(paths):
         cfg = load_config(f)
@@ -70,7 +71,7 @@ def panels_by_env():
     """panel path -> (env name, the models the panel can name, every training source of that env)."""
     cfgs = shipped_training_configs()
     panels = {}
-    for f, cfg in cfgs:
+    for _f, cfg in cfgs:
         if cfg.eval.panel:
             path = os.path.normpath(os.path.join(ROOT, cfg.eval.panel))
             panels.setdefault(path, (cfg.env.name, dict(cfg.models)))
@@ -86,11 +87,14 @@ def panels_by_env():
 
 def test_the_text_rule_catches_a_paraphrase_and_passes_unrelated_text():
     assert shares_text("You doubt claims, ask for evidence and do not give money easily.",
-                       "Your manner: skeptical. You doubt claims and ask for evidence before you agree to anything.")
+                       "Your manner: skeptical. You doubt claims and ask for evidence "
+                       "before you agree to anything.")
     assert shares_text("You are busy and impatient; you want the chat to be over quickly.",
-                       "Your manner: busy and impatient. You answer in few words and want the conversation to be quick.")
+                       "Your manner: busy and impatient. You answer in few words "
+                       "and want the conversation to be quick.")
     assert not shares_text("You write in lowercase without punctuation, like a text message.",
-                           "Your manner: skeptical. You doubt claims and ask for evidence before you agree to anything.")
+                           "Your manner: skeptical. You doubt claims and ask for evidence "
+                           "before you agree to anything.")
 
 
 @pytest.mark.parametrize("panel_path", sorted(panels_by_env()), ids=lambda p: os.path.relpath(p, ROOT))
@@ -102,7 +106,7 @@ def test_unseen_panel_members_share_nothing_with_any_training_simulator(panel_pa
     assert unseen, f"{panel_path}: no unseen partner"
     for p in unseen:
         m = models[p.model]
-        spec = (m.path, tuple(sorted((m.options or {}).items())))
+        spec = (m.path, tuple(sorted((m.options or {}).items())), m.adapter)
         assert p.decoding == "plain", f"{p.id}: decoding {p.decoding} is a training paradigm's (Verbalized Sampling)"
         for s in sources:
             for t in s["texts"]:

@@ -86,8 +86,8 @@ TAU2_TASK = {"user_scenario": {"instructions": {"known_info": "You are Yusuf Ros
              "evaluation_criteria": {"actions": [
                  {"name": "find_user_id_by_name_zip", "arguments": {"first_name": "Yusuf", "last_name": "Rossi",
                                                                      "zip": "19122"}},
-                 {"name": "return_delivered_order_items", "arguments": {"order_id": "#W2378156",
-                                                                        "item_ids": ["123"], "payment_method_id": "x"}}]}}
+                 {"name": "return_delivered_order_items",
+                  "arguments": {"order_id": "#W2378156", "item_ids": ["123"], "payment_method_id": "x"}}]}}
 
 
 def test_tau2_integrity_gate():
@@ -227,7 +227,8 @@ def test_role_play_expansion_through_a_model():
 
     g = seed_genomes(1, random.Random(0))[0]
     pop = g.expand(3, random.Random(1))
-    ok = Binding(id="e", ref=ScriptedRef("e", ["You are Dana, a nurse who counts every dollar."]), sampling=SamplingParams())
+    ok = Binding(id="e", ref=ScriptedRef("e", ["You are Dana, a nurse who counts every dollar."]),
+                 sampling=SamplingParams())
     stats = {}
     out = expand_with_model(pop, ok, stats)
     assert [p["text"] for p in out] == ["You are Dana, a nurse who counts every dollar."] * 3

@@ -361,7 +361,7 @@ def test_every_task_gold_and_perturbations_grade_db_and_communicate_separately(r
         info = [str(x) for x in crit.get("communicate_info") or []]
         said = ["Here is what I found: " + ", ".join(info)] if info else ["Done."]
 
-        def grade(calls, msgs=said, ended_by="user"):
+        def grade(calls, msgs=said, ended_by="user", task=task):
             return evaluate(domain, data, task, calls, msgs, ended_by)
 
         ok = grade(gold)
@@ -484,7 +484,8 @@ def test_action_basis_and_bases_scope_does_not_grade(root):
     out = evaluate("retail", data, task, calls[:-1], [], "user")
     assert out["action"] == 0.0 and out["reward"] == 0.0 and out["action_checks"][-1] is False
     a = gold[-1]
-    wrong = dict(calls[-1], arguments={**(a.get("arguments") or {}), **{k: "x" for k in list(a.get("arguments") or {})[:1]}})
+    wrong = dict(calls[-1], arguments={**(a.get("arguments") or {}),
+                                       **{k: "x" for k in list(a.get("arguments") or {})[:1]}})
     task["evaluation_criteria"]["actions"] = [dict(a, compare_args=None)]
     assert evaluate("retail", data, task, [wrong], [], "user")["action"] == (0.0 if a.get("arguments") else 1.0)
     task["evaluation_criteria"]["actions"] = [dict(a, compare_args=[])]  # nothing to compare: the name

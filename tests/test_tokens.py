@@ -138,7 +138,8 @@ def test_the_variance_decomposition_ends_cut_off_replays_as_training_does(smol_t
     for end in (True, False):  # two dialogues x two replays; the first replay of each is cut off on turn 1
         replies = ["Hmm, let me think."] * 4 + ["Fine. [DONATE $2]"] * 4
         partner = Binding("p", ScriptedRef(smol_tokenizer, replies, cut_off={0, 2}), SamplingParams(max_new_tokens=64))
-        parts[end] = nested_variance([ep, ep], {task.id: task}, SamplingParams(), lambda e: partner, "p4g",
+        parts[end] = nested_variance([ep, ep], {task.id: task}, SamplingParams(),
+                                     lambda e, partner=partner: partner, "p4g",
                                      {"max_turns": 2}, 2, random.Random(0), end_on_truncation=end)
     assert parts[True]["partner"] == pytest.approx(0.5) and parts[True]["agent"] == 0.0  # rows [0, 1], [0, 1]
     assert parts[False]["partner"] == 0.0 and parts[False]["total"] == 0.0

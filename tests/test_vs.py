@@ -128,7 +128,8 @@ def test_the_vs_request_carries_the_length_guide_of_its_binding():
 
     for setting, want in (("auto", "under 30 words."), (None, None), (7, "under 7 words.")):
         seen.clear()
-        b = Binding("vs", Recorder('{"responses": [{"text": "ok", "probability": 1}]}'), SamplingParams(max_new_tokens=40), vs=VSConfig(max_words=setting))
+        b = Binding("vs", Recorder('{"responses": [{"text": "ok", "probability": 1}]}'),
+                    SamplingParams(max_new_tokens=40), vs=VSConfig(max_words=setting))
         _one_vs_turn(b)
         assert seen and all((want in s) if want else ("words" not in s) for s in seen), (setting, seen)
 
@@ -229,7 +230,8 @@ def test_an_echo_of_the_format_is_not_a_candidate_set():
 
 def test_a_broken_first_attempt_does_not_hide_a_complete_object_after_it():
     good = {"responses": [{"text": "A", "probability": 0.6}, {"text": "B", "probability": 0.4}]}
-    for broken in ('{"responses": [{"text": "Hello there, I am\n', '{"responses": [{"text": "cut off\n\nLet me redo it. '):
+    for broken in ('{"responses": [{"text": "Hello there, I am\n',
+                   '{"responses": [{"text": "cut off\n\nLet me redo it. '):
         p = parse(broken + json.dumps(good), k=2)
         assert p.texts == ["A", "B"] and p.probs == pytest.approx([0.6, 0.4]), p
 

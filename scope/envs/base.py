@@ -174,6 +174,12 @@ class Env:
     def rewards(self) -> dict[str, float]:
         raise NotImplementedError
 
+    @classmethod
+    def eval_options(cls, options: dict[str, Any]) -> dict[str, Any]:
+        """The options a held-out evaluation plays with (default: the training's). tau2 trained against
+        simulated tools is evaluated on its exact tools."""
+        return dict(options)
+
     def judge_requests(self) -> list[list[dict[str, str]]]:
         """Conversations to put to a judge model before ``rewards`` (e.g. tau2's NL assertions); the
         rollout engine batches them across episodes. Default: none."""

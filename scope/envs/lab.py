@@ -66,7 +66,8 @@ STYLES: dict[str, dict[str, tuple[str, ...]]] = {
         "refuse": ("i want {need} , so no thanks . " + REFUSE, "i want {need} , not that . " + REFUSE),
         "refuse_unasked": ("you did not even ask what i want . " + REFUSE, "please ask me first . " + REFUSE),
         "filler": ("hi . i am looking for a plan .", "hello . can you help me ?"),
-        "counter": ("why that one ? you have not asked what i want .", "hm , why that plan ? ask me what i want first ."),
+        "counter": ("why that one ? you have not asked what i want .",
+                    "hm , why that plan ? ask me what i want first ."),
         "vague": ("hmm , i am not sure yet .", "it depends , let me think ."),
     },
     "terse": {

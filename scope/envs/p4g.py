@@ -62,8 +62,8 @@ def parse_donation(text: str) -> float | None:
     the length of the reply.
     """
     last = None
-    for last in _MARKER.finditer(text):
-        pass
+    for m in _MARKER.finditer(text):
+        last = m
     if last is None:
         return None
     return min(max(float(last.group(1)), 0.0), 2.0)
@@ -140,7 +140,8 @@ def split_personas(personas: list[dict[str, Any]], split: str, seed: int = 0,
 
 def _level(x: float, lo: float, hi: float) -> str:
     t = (x - lo) / (hi - lo)
-    return "very low" if t < 0.2 else "low" if t < 0.4 else "moderate" if t < 0.6 else "high" if t < 0.8 else "very high"
+    return ("very low" if t < 0.2 else "low" if t < 0.4 else "moderate" if t < 0.6 else "high" if t < 0.8
+            else "very high")
 
 
 def persona_text(p: dict[str, Any]) -> str:
@@ -256,7 +257,8 @@ class PersuasionForGood(Env):
             raise ValueError(f"p4g personas: {personas!r} is not 'real', 'builtin', a directory with "
                              f"full_info.csv, or a .json persona file")
         chosen = split_personas(ps, split, seed=split_seed, test_fraction=test_fraction)
-        tasks, seen = [], {}
+        tasks: list[Task] = []
+        seen: dict[str, int] = {}
         for p in chosen:
             k = p["user_id"]
             seen[k] = seen.get(k, 0) + 1

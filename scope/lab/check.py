@@ -53,7 +53,8 @@ def behaviour_card(partner: Binding, episodes: int = 64, seed: int = 0, split: s
     plans = {"offer_match": ["offer_match"], "offer_favourite": ["offer_favourite"], "offer_other": ["offer_other"],
              "ask_then_match": ["ask", "offer_match"], "ask_then_other": ["ask", "offer_other"],
              "ask_twice": ["ask", "ask"]}
-    jobs, owner = [], []
+    jobs: list[Job] = []
+    owner: list[str] = []
     rng = random.Random(seed)
     for name, moves in plans.items():
         pool = [t for t in tasks if t.data["need"] != FAVOURITE] if name == "offer_favourite" else tasks
@@ -62,7 +63,8 @@ def behaviour_card(partner: Binding, episodes: int = 64, seed: int = 0, split: s
             env = CollapseLab(task, random.Random(rng.random()), max_turns=max(2, len(moves)))
             env.views["agent"][-1]["need"] = task.data["need"]  # the scripted agent's cheat sheet
             agent = Binding("scripted", ScriptedAgent(moves, seed + i), SamplingParams())
-            jobs.append(Job(env, Episode(task.id, name, i), {"agent": agent, "partner": partner}, uid=70_000_000 + len(jobs)))
+            jobs.append(Job(env, Episode(task.id, name, i), {"agent": agent, "partner": partner},
+                            uid=70_000_000 + len(jobs)))
             owner.append(name)
     eps, _ = run_rollouts(jobs, end_on_truncation=False)
     card: dict[str, Any] = {}
@@ -74,12 +76,16 @@ def behaviour_card(partner: Binding, episodes: int = 64, seed: int = 0, split: s
     card["names_need_when_asked"] = len(named) / max(len(asked), 1)
     twice = [e for e, o in zip(eps, owner) if o == "ask_twice" and not e.failed]
     card["names_need_at_second_ask"] = sum(  # the twice customer: vague at the first ask, its need at the second
-        len(e.messages) > 3 and need_of(e.messages[3]["content"]) == e.meta["need"] for e in twice) / max(len(twice), 1)
+        len(e.messages) > 3 and need_of(e.messages[3]["content"]) == e.meta["need"]
+        for e in twice) / max(len(twice), 1)
     unasked = [e for e, o in zip(eps, owner) if o.startswith("offer") and not e.failed]
-    card["goes_on_after_unasked_offer"] = sum(  # the counter customer: neither yes nor no to an offer it was not asked for
-        len(e.messages) > 1 and classify_reply(e.messages[1]["content"]) == "other" for e in unasked) / max(len(unasked), 1)
+    # the counter customer: neither yes nor no to an offer it was not asked for
+    card["goes_on_after_unasked_offer"] = sum(
+        len(e.messages) > 1 and classify_reply(e.messages[1]["content"]) == "other"
+        for e in unasked) / max(len(unasked), 1)
     card["failed"] = sum(e.failed for e in eps)
-    card["reply_kinds"] = sorted({classify_reply(m["content"]) for e in eps for m in e.messages if m["role"] == "partner"})
+    card["reply_kinds"] = sorted({classify_reply(m["content"]) for e in eps for m in e.messages
+                                  if m["role"] == "partner"})
     return card
 
 
@@ -91,8 +97,9 @@ def cards_markdown(cards: dict[str, dict[str, Any]]) -> str:
             "asked, then matching: yes", "asked, then missing: yes", "names its need when asked",
             "names its need at the second ask", "neither yes nor no to an unasked offer"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    seen_label: dict[Any, str] = {True: " (seen)", False: " (unseen)"}
     for name, c in cards.items():
-        seen = {True: " (seen)", False: " (unseen)"}.get(c.get("seen"), "")
+        seen = seen_label.get(c.get("seen"), "")
         lines.append(f"| {name}{seen} | " + " | ".join(f"{c[k]:.2f}" if k in c else "n/a" for k in cols) + " |")
     return "\n".join(lines) + "\n"
 
@@ -107,11 +114,11 @@ def panel_cards(cfg, episodes: int = 64, log=print) -> dict[str, dict[str, Any]]
     models = dict(cfg.models)
     models.update(panel.models)
     refs = frozen_refs({k: m for k, m in models.items() if k != cfg.agent.model}, {}, cfg.run.seed)
-    cards = {}
+    cards: dict[str, dict[str, Any]] = {}
     for p in panel.partners:
         ref = refs[p.model]
         if p.adapter is not None:  # a trained simulator (e.g. a co-training run's partner adapter)
-            from ..eval import load_frozen_adapter
+            from ..models.loading import load_frozen_adapter
 
             ref = load_frozen_adapter(ref, p.adapter, f"card_{len(cards)}")
         cards[p.spec_id()] = behaviour_card(spec_binding(p, ref), episodes=episodes, seed=cfg.run.seed)

@@ -150,7 +150,8 @@ def candidates(dist: dict[str, float], k: int, style: str, need: str, rng: rando
         counts[b] -= 1
     while sum(counts.values()) < k:
         counts[max(kinds, key=lambda x: k * dist[x] - counts[x])] += 1
-    out, used = [], set()
+    out = []
+    used: set[str] = set()
     for b in kinds:
         for _ in range(counts[b]):
             text = phrase(style, b, need, rng, used, offered)
@@ -236,7 +237,8 @@ def agent_corpus(n: int, seed: int, max_turns: int = 2) -> list[Example]:
     for _ in range(n):
         env, _ = play(rng.choice(tasks), None, rng, max_turns)
         view = env.views["agent"]
-        out.append(Example([(view[:i], view[i]["content"]) for i in range(len(view)) if view[i]["role"] == "assistant"]))
+        out.append(Example([(view[:i], view[i]["content"]) for i in range(len(view))
+                            if view[i]["role"] == "assistant"]))
     return out
 
 

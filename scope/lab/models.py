@@ -24,20 +24,42 @@ import random
 import shutil
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
-from ..envs.lab import (AGENT_PROMPT, ASK, CHAT, CUSTOMER_PROMPT, NAMES, NEEDS, OPENING, PERSONAS, PITCH, PLANS, STYLES,
-                        reminder)
+from ..envs.lab import (
+    AGENT_PROMPT,
+    ASK,
+    CHAT,
+    CUSTOMER_PROMPT,
+    NAMES,
+    NEEDS,
+    OPENING,
+    PERSONAS,
+    PITCH,
+    PLANS,
+    STYLES,
+    reminder,
+)
 from ..partners import vs as vs_mod
-from .corpus import ECHO_WORDS, RULES, VS_KS, CustomerSpec, Example, agent_corpus, customer_corpus, echo_corpus
+from .corpus import (
+    ECHO_WORDS,
+    RULES,
+    CustomerSpec,
+    Example,
+    agent_corpus,
+    customer_corpus,
+    echo_corpus,
+)
 
 CORPUS_VERSION = 1
 ARCH = {"hidden": 96, "layers": 2, "heads": 4}
-TRAIN = {  # the shared base learns the language of both roles; each model is a short fine-tune of it
-    "base": {"agent_dialogues": 1500, "customer_dialogues": 300, "echo": 3000, "steps": 450, "lr": 4e-3, "steps_full": 250,
-             "lr_full": 3e-3},
+# the shared base learns the language of both roles; each model is a short fine-tune of it
+TRAIN: dict[str, dict[str, Any]] = {
+    "base": {"agent_dialogues": 1500, "customer_dialogues": 300, "echo": 3000, "steps": 450, "lr": 4e-3,
+             "steps_full": 250, "lr_full": 3e-3},
     "agent": {"dialogues": 3000, "steps": 300, "lr": 2e-3, "batch_tokens": 4096},
     "customer": {"dialogues": 3000, "steps": 400, "lr": 3e-3, "batch_tokens": 4096},
 }
@@ -132,7 +154,8 @@ def train_lm(model, tok, examples: list[Example], steps: int, lr: float, seed: i
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
     rng = random.Random(seed)
     data.sort(key=lambda d: len(d[0]))
-    batches, cur = [], []
+    batches: list[list[tuple[list[int], list[int]]]] = []
+    cur: list[tuple[list[int], list[int]]] = []
     for d in data:  # length-bucketed batches of about batch_tokens padded tokens
         if cur and len(d[0]) * (len(cur) + 1) > batch_tokens:
             batches.append(cur)

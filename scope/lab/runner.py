@@ -23,7 +23,7 @@ from typing import Any, Callable
 PARADIGMS = ("base", "single", "ensemble", "persona", "vs", "cotrain", "population")
 LABELS = {"base": "Base", "single": "RL (Single)", "ensemble": "Ensemble", "persona": "Persona",
           "vs": "Verbalized Sampling", "cotrain": "Co-Training", "population": "Population Co-Training"}
-QUICK = {"seeds": 1, "overrides": ["train.steps=20", "eval.every=5"]}
+QUICK: dict[str, Any] = {"seeds": 1, "overrides": ["train.steps=20", "eval.every=5"]}
 """``--quick``: one seed and half the steps (the CI run and the demo)."""
 CURVES = [("reward_mean", "training reward"), ("eval/unseen_mean", "held-out reward (unseen simulators)"),
           ("policy_entropy", "policy entropy (nats/token)"), ("zero_variance_frac", "zero-variance group fraction"),
@@ -72,7 +72,8 @@ def run_lab(out: str, configs: str = "configs/lab", paradigms: tuple[str, ...] =
         raise ValueError(f"unknown paradigms {unknown}; choose from {', '.join(PARADIGMS)}")
     os.makedirs(out, exist_ok=True)
     t_all = time.time()
-    cards = simulator_cards(out, load_config(os.path.join(configs, "single.yaml"), overrides), log)
+    first = load_config(os.path.join(configs, "single.yaml"), overrides)
+    cards = simulator_cards(out, first, log) if first.env.name == "lab" else {}  # the lab's simulators, measured
     for seed in range(seeds):
         for p in paradigms:
             run_dir = os.path.join(out, p, f"seed{seed}")
@@ -94,9 +95,12 @@ def run_lab(out: str, configs: str = "configs/lab", paradigms: tuple[str, ...] =
                 resume = os.path.exists(os.path.join(run_dir, "metrics.jsonl"))
                 train(cfg, resume=resume, log=lambda s: None)
             r = run_summary(run_dir)
-            log(f"lab: {LABELS[p]} seed {seed}: held-out unseen {_f(r.get('unseen'))}, seen {_f(r.get('seen'))}, "
-                f"train reward {_f(r.get('train_reward'))} ({time.time() - t0:.0f}s; {time.time() - t_all:.0f}s so far)")
+            log(f"lab: {LABELS[p]} seed {seed}: held-out unseen {_f(r.get('unseen'))}, "
+                f"seen {_f(r.get('seen'))}, train reward {_f(r.get('train_reward'))} "
+                f"({time.time() - t0:.0f}s; {time.time() - t_all:.0f}s so far)")
     results = aggregate(out, [p for p in PARADIGMS if p in paradigms], seeds)
+    with open(os.path.join(out, "dialogues.md"), "w") as f:
+        f.write(dialogue_cards(out, [p for p in PARADIGMS if p in paradigms]))
     results["simulators"] = cards
     results["quick"], results["seeds"] = quick, seeds
     results["seconds"] = time.time() - t_all
@@ -126,17 +130,54 @@ def simulator_cards(out: str, cfg, log: Callable[[str], None]) -> dict[str, dict
     return cards
 
 
+def dialogue_cards(out: str, paradigms: list[str], examples: int = 2) -> str:
+    """What each paradigm's agent says at its last evaluation (seed 0), and what the simulators answer: per
+    paradigm, its most frequent opening, how often it names a dollar amount, the reward per simulator, and a
+    few whole dialogues (with the first seen and the first unseen simulator)."""
+    import re
+    from collections import Counter
+
+    lines = ["# What the agents say at the end of training (seed 0, the last evaluation)", ""]
+    for p in paradigms:
+        d = os.path.join(out, p, "seed0", "eval")
+        steps = sorted(os.listdir(d)) if os.path.isdir(d) else []
+        if not steps:
+            continue
+        with open(os.path.join(d, steps[-1], "eval_episodes.jsonl")) as f:
+            eps = [json.loads(x) for x in f if x.strip()]
+        opens = Counter(next((m["content"] for m in e["messages"] if m["role"] == "agent"), "") for e in eps)
+        agent_turns = [m["content"] for e in eps for m in e["messages"] if m["role"] == "agent"]
+        dollars = sum(bool(re.search(r"\$\s*\d", t)) for t in agent_turns) / max(len(agent_turns), 1)
+        lines += [f"## {LABELS[p]} ({steps[-1].replace('_', ' ')})", "",
+                  f"- most frequent opening ({opens.most_common(1)[0][1]} of {len(eps)} dialogues): "
+                  f"\"{opens.most_common(1)[0][0][:200]}\"" if opens else "- no dialogue",
+                  f"- agent turns that name a dollar amount: {dollars:.2f}"]
+        by: dict[str, list[dict]] = {}
+        for e in eps:
+            by.setdefault(e["meta"].get("partner", "?"), []).append(e)
+        lines.append("- reward per simulator: " + ", ".join(
+            f"{k} {sum(x['rewards'].get('agent', 0.0) for x in v) / len(v):.3f}" for k, v in by.items()))
+        lines.append("")
+        shown = list(by)[:1] + [k for k in by if k not in list(by)[:3]][:1]
+        for k in shown:
+            for e in by[k][:examples]:
+                lines.append(f"**with {k}** (reward {e['rewards'].get('agent', 0.0):.2f}):")
+                lines += [f"> {m['role']}: {m['content'][:300]}" for m in e["messages"]]
+                lines.append("")
+    return "\n".join(lines) + "\n"
+
+
 # ---- aggregation -------------------------------------------------------------------------------
 def _f(x, nd: int = 3) -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{nd}f}"
 
 
-def _mean_std(xs: list[float]) -> tuple[float, float]:
-    xs = [x for x in xs if x is not None and not math.isnan(x)]
-    if not xs:
+def _mean_std(xs: list[float | None]) -> tuple[float, float]:
+    vals = [x for x in xs if x is not None and not math.isnan(x)]
+    if not vals:
         return float("nan"), float("nan")
-    m = sum(xs) / len(xs)
-    return m, (math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else 0.0)
+    m = sum(vals) / len(vals)
+    return m, (math.sqrt(sum((x - m) ** 2 for x in vals) / (len(vals) - 1)) if len(vals) > 1 else 0.0)
 
 
 def run_summary(run_dir: str) -> dict[str, Any]:
@@ -148,9 +189,9 @@ def run_summary(run_dir: str) -> dict[str, Any]:
     tr = [m for m in ms if "reward_mean" in m]
     last = ev[-1] if ev else {}
     curves = {k: [(m["step"], m[k]) for m in ms if isinstance(m.get(k), (int, float))] for k, _ in CURVES}
-    out = {"seen": last.get("eval/seen_mean"), "unseen": last.get("eval/unseen_mean"), "all": last.get("eval/panel_mean"),
-           "unseen_se": last.get("eval/unseen_se"), "seen_se": last.get("eval/seen_se"),
-           "panel_se": last.get("eval/panel_se"), "curves": curves,
+    out = {"seen": last.get("eval/seen_mean"), "unseen": last.get("eval/unseen_mean"),
+           "all": last.get("eval/panel_mean"), "unseen_se": last.get("eval/unseen_se"),
+           "seen_se": last.get("eval/seen_se"), "panel_se": last.get("eval/panel_se"), "curves": curves,
            "per_partner": {k[len("eval/partner/"):]: v for k, v in last.items() if k.startswith("eval/partner/")}}
     if tr:
         k = max(1, len(tr) // 10)  # the last tenth of training, smoothed
@@ -180,7 +221,7 @@ def aggregate(out: str, paradigms: list[str], seeds: int) -> dict[str, Any]:
                 if os.path.exists(os.path.join(out, p, f"seed{s}", "metrics.jsonl"))] for p in paradigms}
     summary = {}
     for p, rs in runs.items():
-        row = {"seeds": len(rs)}
+        row: dict[str, float] = {"seeds": len(rs)}
         for k in ("seen", "unseen", "all", "train_reward", "entropy_start", "entropy_end", "zero_variance_end",
                   "unseen_peak", "unseen_drop_from_peak", "unseen_peak_over_start", "unseen_at_best_seen"):
             row[k], row[k + "_std"] = _mean_std([r.get(k) for r in rs])
@@ -215,14 +256,15 @@ def table(results: dict[str, Any]) -> str:
              "training reward | entropy start -> end | zero-variance (end) | seeds |",
              "|---|---|---|---|---|---|---|---|---|"]
     for p, r in rows.items():
-        pm = lambda k: _f(r[k]) if r["seeds"] < 2 else f"{_f(r[k])} ± {_f(r[k + '_std'])}"  # noqa: E731
+        pm = lambda k, r=r: _f(r[k]) if r["seeds"] < 2 else f"{_f(r[k])} ± {_f(r[k + '_std'])}"  # noqa: E731
         ent = "n/a" if math.isnan(r["entropy_start"]) else f"{_f(r['entropy_start'], 2)} -> {_f(r['entropy_end'], 2)}"
         best = "n/a" if math.isnan(r["unseen_at_best_seen"]) else pm("unseen_at_best_seen")
         lines.append(f"| {LABELS[p]} | {pm('seen')} | {pm('unseen')} | {pm('all')} | {best} | "
                      f"{'n/a' if math.isnan(r['train_reward']) else pm('train_reward')} | {ent} | "
                      f"{_f(r['zero_variance_end'], 2)} | {r['seeds']} |")
     noise = [r["noise_unseen_se"] for r in rows.values() if not math.isnan(r["noise_unseen_se"])]
-    lines += ["", "Mean ± std over seeds (one seed: the value) of the final held-out reward (the panel's mean per simulator group). "
+    lines += ["", "Mean ± std over seeds (one seed: the value) of the final held-out reward "
+                  "(the panel's mean per simulator group). "
                   f"Evaluation noise: the standard error of one run's unseen mean is about "
                   f"{_f(sum(noise) / len(noise) if noise else float('nan'))} (seen: "
                   f"{_f(_mean_std([r['noise_seen_se'] for r in rows.values()])[0])})."]

@@ -25,7 +25,8 @@ from .runner import LABELS, _f, run_lab
 def parse_sweep(spec: str) -> tuple[str, list[str]]:
     """``KEY=V1,V2,...`` -> (KEY, [V1, V2, ...])."""
     if "=" not in spec:
-        raise ValueError(f"--sweep {spec!r}: expected KEY=V1,V2,... (e.g. models.collapsed.options.vs_fidelity=0,0.5,1)")
+        raise ValueError(f"--sweep {spec!r}: expected KEY=V1,V2,... "
+                         "(e.g. models.collapsed.options.vs_fidelity=0,0.5,1)")
     key, vals = spec.split("=", 1)
     values = [v.strip() for v in vals.split(",") if v.strip()]
     if not key or len(values) < 2:
@@ -43,9 +44,10 @@ def run_sweep(out: str, key: str, values: list[str], paradigms: tuple[str, ...],
         res = run_lab(os.path.join(out, v), configs=configs, paradigms=paradigms, seeds=seeds,
                       overrides=list(overrides or []) + [f"{key}={v}"], quick=quick, log=log)
         card = res.get("simulators", {}).get("collapsed", {})
-        points.append({"value": v, "paradigms": {p: {k: r.get(k) for k in ("unseen", "unseen_std", "seen", "train_reward",
-                                                                           "noise_unseen_se")}
-                                                 for p, r in res["paradigms"].items()},
+        points.append({"value": v,
+                       "paradigms": {p: {k: r.get(k) for k in ("unseen", "unseen_std", "seen", "train_reward",
+                                                               "noise_unseen_se")}
+                                     for p, r in res["paradigms"].items()},
                        "collapsed_card": {k: card.get(k) for k in ("accept|offer_favourite", "accept|offer_other",
                                                                    "accept|ask_then_match")}})
     result = {"key": key, "values": values, "paradigms": list(paradigms), "seeds": seeds, "quick": quick,

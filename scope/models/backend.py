@@ -22,7 +22,7 @@ from .decode import _cache_kw, _common_prefix, _decode, _KVEntry, _make_cache, _
 class LocalBackend:
     def __init__(self, model: torch.nn.Module, tokenizer: Any, name: str = "local", seed: int = 0,
                  kv_budget_tokens: int = 100_000, pack_weights: bool = True):
-        self.model = model
+        self.model: Any = model  # a transformers model, or PEFT's wrapper of one once it has adapters
         self.tokenizer = tokenizer
         self.name = name
         self.versions: dict[str | None, int] = {None: 0}
@@ -180,7 +180,7 @@ class LocalBackend:
             e = self.kv_store.get(sessions[i]) if sessions is not None and sessions[i] is not None else None
             n = (_common_prefix(e.ids, p, len(p) - 1)
                  if e is not None and e.adapter == adapter and e.version == version else 0)
-            reuse.append((e, n) if n > 0 else None)
+            reuse.append((e, n) if e is not None and n > 0 else None)
         with self.using(adapter) as model, self.packed.active(model):
             self._share_prefix(model, prompts, reuse)
             outs, kv = _decode(model, self.tokenizer, prompts, sampling, self.eos_ids, self.pad_id,
@@ -213,7 +213,8 @@ class LocalBackend:
         cache = _make_cache(_n_layers(model), n)
         model(input_ids=torch.tensor([first[:n]], device=device), **{_cache_kw(model): cache}, use_cache=True,
               logits_to_keep=1)
-        entry = _KVEntry(list(first[:n]), [[(l.slab_kt[0, :, :, :n], l.slab_v[0, :, :n])] for l in cache.layers],
+        entry = _KVEntry(list(first[:n]), [[(layer.slab_kt[0, :, :, :n], layer.slab_v[0, :, :n])]
+                                           for layer in cache.layers],
                          None, -1)
         for i in fresh:
             reuse[i] = (entry, n)

@@ -52,7 +52,7 @@ class _KVEntry:
 
     def pieces(self, li: int, a: int, b: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Layer ``li``'s (transposed keys, values) covering token positions [a, b), in order."""
-        if a < self.start:
+        if self.shared is not None and a < self.start:
             return self.shared.pieces(li, a, min(b, self.start)) + self.pieces(li, self.start, b)
         out, at = [], self.start
         for kt, v in self.layers[li]:
@@ -87,7 +87,8 @@ def _slab_layer_class():
             self.rows = slice(None)   # the rows a forward pass covers (a chunk of the prefill)
             self.total_rows = None    # the batch size to allocate for (default: the first update's)
             self.rows_held = 0        # the rows the slab's memory holds (compaction does not shrink it)
-            self.slab_kt = self.slab_v = None
+            self.slab_kt: torch.Tensor | None = None
+            self.slab_v: torch.Tensor | None = None
             self.keys = self.values = None
             self.is_initialized = False
 
@@ -128,7 +129,7 @@ def _slab_layer_class():
             return -1
 
         def batch_select_indices(self, indices: torch.Tensor) -> None:
-            if self.slab_kt is not None:
+            if self.slab_kt is not None and self.slab_v is not None:  # (both are allocated together)
                 self.slab_kt, self.slab_v = self.slab_kt[indices], self.slab_v[indices]
                 self.rows_held = len(indices)
                 self._views()
@@ -140,6 +141,7 @@ def _slab_layer_class():
             No new slab: a copy into fresh memory would make the kernel fault in and zero new pages
             at every compaction. A target row must be one whose own content has moved already or is
             dropped, a source one that is not written before it is read."""
+            assert self.slab_kt is not None and self.slab_v is not None  # rows are kept after a prefill
             for j, b in enumerate(order):
                 if j != b:
                     self.slab_kt[j, :, :, :n] = self.slab_kt[b, :, :, :n]
@@ -209,8 +211,10 @@ def _decode(model, tokenizer, prompts, sp: SamplingParams, eos_ids, pad_id, gen,
             S = min(min(cached), len(root.ids))
         if S < min_shared:
             root, S = None, 0
-    prefix = {"scope_prefix": [_joined(root.pieces(li, 0, S)) for li in range(len(root.layers))]} if S else {}
-    if S and S < len(root.ids):  # a row diverges inside the shared entry: the sessions share its first S tokens
+    prefix = ({"scope_prefix": [_joined(root.pieces(li, 0, S)) for li in range(len(root.layers))]}
+              if S and root is not None else {})
+    # a row diverges inside the shared entry: the sessions share its first S tokens
+    if S and root is not None and S < len(root.ids):
         root = _KVEntry(root.ids[:S], [[kv] for kv in prefix["scope_prefix"]], root.adapter, root.version)
     own = [c - S for c in cached]  # reused tokens that go into each row's slab
     C = max(own)
@@ -289,7 +293,8 @@ def _decode(model, tokenizer, prompts, sp: SamplingParams, eos_ids, pad_id, gen,
     else:  # the batch keeps the slab's order (by prefill length): no copy of the cache
         batch, att, pos = list(rows), att[r], pos[r]
     next_pos = pos[:, -1] + 1
-    restarts, dropped, discarded = [0] * n, [0] * n, [[] for _ in range(n)]
+    restarts, dropped = [0] * n, [0] * n
+    discarded: list[list[str]] = [[] for _ in range(n)]
     ends = [cur] * n  # the slab column where each row's cache ends (all but its last sampled token)
 
     def ids_kept(orig):
@@ -314,8 +319,10 @@ def _decode(model, tokenizer, prompts, sp: SamplingParams, eos_ids, pad_id, gen,
                 reasons[orig] = "eos"
             elif sp.stop and any(s in tokenizer.decode(out_ids[orig][-stop_window:]) for s in sp.stop):
                 reasons[orig] = "stop"
-            elif restartable and not last and restarts[orig] < sp.max_restarts and sp.restart_fn(text):
+            elif (restartable and sp.restart_fn is not None and not last and restarts[orig] < sp.max_restarts
+                  and sp.restart_fn(text)):
                 # start this row over from its prompt: mask out what it generated, sample a new first token
+                assert first_logits is not None  # kept for a restartable call
                 discarded[orig].append(text)
                 dropped[orig] += len(out_ids[orig])
                 restarts[orig] += 1
@@ -338,7 +345,7 @@ def _decode(model, tokenizer, prompts, sp: SamplingParams, eos_ids, pad_id, gen,
             if keep_kv:  # the finished rows leave the slab: copy what their caches cover
                 for b, orig in enumerate(batch):
                     if done[b]:
-                        kv[orig] = (ids_kept(orig), _row_kv(cache, att, b, spans(orig), restarts[orig], True), root)
+                        kv[orig] = (ids_kept(orig), _row_kv(cache, att, b, spans(orig), restarts[orig] > 0, True), root)
             k = len(batch) - n_done
             holes = [j for j in range(k) if done[j]]                     # finished rows among the first k
             movers = [b for b in range(k, len(batch)) if not done[b]]    # live rows after them, as many
@@ -359,7 +366,7 @@ def _decode(model, tokenizer, prompts, sp: SamplingParams, eos_ids, pad_id, gen,
         # or copies where they fill less than half of it (compaction leaves the slab its first size)
         copy = 2 * len(batch) <= cache.layers[0].rows_held
         for b, orig in enumerate(batch):
-            kv[orig] = (ids_kept(orig), _row_kv(cache, att, b, spans(orig), restarts[orig], copy), root)
+            kv[orig] = (ids_kept(orig), _row_kv(cache, att, b, spans(orig), restarts[orig] > 0, copy), root)
     outs = [Completion(text=tokenizer.decode(out_ids[i], skip_special_tokens=True), token_ids=out_ids[i],
                        logprobs=out_lp[i], finish_reason=reasons[i], discarded=discarded[i],
                        discarded_tokens=dropped[i]) for i in range(n)]
@@ -372,10 +379,10 @@ def _row_kv(cache, att, b: int, spans, restarted: bool, copy: bool):
     leave holes)."""
     if restarted:
         real = att[b, :spans[-1][1]].nonzero()[:, 0]
-        return [[(l.slab_kt[b][:, :, real], l.slab_v[b][:, real])] for l in cache.layers]
+        return [[(layer.slab_kt[b][:, :, real], layer.slab_v[b][:, real])] for layer in cache.layers]
     out = []
-    for l in cache.layers:
-        ps = [(l.slab_kt[b, :, :, x:y], l.slab_v[b, :, x:y]) for x, y in spans]
+    for layer in cache.layers:
+        ps = [(layer.slab_kt[b, :, :, x:y], layer.slab_v[b, :, x:y]) for x, y in spans]
         if copy:
             ps = [_joined(ps)] if len(ps) > 1 else [(ps[0][0].clone(), ps[0][1].clone())]
         out.append(ps)

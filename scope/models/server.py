@@ -315,6 +315,7 @@ class Server:
 
     def wait(self) -> None:
         """Block until the server stops; Ctrl-C shuts it down."""
+        assert self.thread is not None, "start() the server first"
         try:
             while self.thread.is_alive():
                 self.thread.join(0.5)

@@ -287,7 +287,8 @@ class EngineBackend:
             restarts = [0] * len(prompts)
             while todo:
                 got = self._request(name, [prompts[i] for i in todo], sampling)
-                again = []
+                again: list[int] = []
+                c: Completion | BaseException | None
                 for i, c in zip(todo, got):
                     if not isinstance(c, BaseException):
                         c = self._apply_callbacks(c, sampling)

@@ -12,7 +12,7 @@ import os
 import random
 from typing import Any
 
-from ..config import Config, RoleConfig
+from ..config import Config
 from ..types import Task
 from .binding import Binding, spec_binding, spec_sampling  # noqa: F401 - re-exported: what sources hand out
 
@@ -76,7 +76,8 @@ def load_personas(spec: str) -> list[dict[str, str]]:
         return PERSONA_POOLS[spec]()
     path = BUILTIN_PERSONAS if spec == "builtin" else spec
     if not os.path.exists(path):
-        raise FileNotFoundError(f"persona pool {path!r} not found (builtin, {', '.join(sorted(set(PERSONA_POOLS) | set(BUILTIN_POOLS)))} "
+        names = ", ".join(sorted(set(PERSONA_POOLS) | set(BUILTIN_POOLS)))
+        raise FileNotFoundError(f"persona pool {path!r} not found (builtin, {names} "
                                 f"or a JSON file of [{{id, text}}])")
     with open(path) as f:
         data = json.load(f)
@@ -113,9 +114,8 @@ class PersonaSource:
 
 
 def build_sources(cfg: Config, frozen_refs: dict[str, Any], trainable_refs: dict[str, Any]) -> dict[str, Any]:
-    out = {}
+    out: dict[str, Any] = {}
     for role, rc in cfg.roles().items():
-        rc: RoleConfig
         if rc.trainable and rc.source == "pool":
             from .pool import PoolSource
 

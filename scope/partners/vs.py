@@ -53,8 +53,8 @@ def runaway(raw: str, max_chars: int) -> bool:
     the complete candidates before it are salvaged by :func:`parse`, or the request is re-asked.
     """
     last = None
-    for last in _OPEN_TEXT.finditer(raw):
-        pass
+    for m in _OPEN_TEXT.finditer(raw):
+        last = m
     if last is None:
         return False
     tail = raw[last.end():]
@@ -95,8 +95,8 @@ class VSParse:
 _COLON = re.compile(r"\s*:\s*")
 _PROB_TAIL = re.compile(r'\s*,\s*"(?:probability|prob)"\s*:\s*(-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)')
 _CLOSE = re.compile(r"\s*\}")
-_PLACEHOLDER = re.compile(r"^(?:<[^<>]{0,60}>|\.\.\.|…|text|response|responses|probability|prob|string|str|number|float)$",
-                          re.IGNORECASE)
+_PLACEHOLDER = re.compile(r"^(?:<[^<>]{0,60}>|\.\.\.|…|text|response|responses|probability|prob|string|str|number"
+                          r"|float)$", re.IGNORECASE)
 """The format's own placeholders, keys and JSON-schema type names: an echo of the request, not a reply."""
 
 
@@ -105,7 +105,7 @@ def _items(raw: str) -> list[tuple[str, float | None, bool]]:
     (text, probability or None, whether the object is closed right after); one linear scan."""
     toks = string_tokens(raw)
     out = []
-    for i, (start, end, value) in enumerate(toks[:-1]):
+    for i, (_start, end, value) in enumerate(toks[:-1]):
         if value not in ("text", "response"):
             continue
         colon = _COLON.match(raw, end)

@@ -28,7 +28,9 @@ class HumanLikeness:
 
     def __init__(self, l2: float = 1e-3, steps: int = 2000, lr: float = 0.5):
         self.l2, self.steps, self.lr = l2, steps, lr
-        self.mu = self.sd = self.w = None
+        self.mu: Any = None  # numpy arrays once fitted
+        self.sd: Any = None
+        self.w: Any = None
         self.b = 0.0
 
     def _x(self, feats: np.ndarray) -> np.ndarray:

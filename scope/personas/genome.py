@@ -143,7 +143,7 @@ def mutate_structure(g: Genome, rng: random.Random, other: Genome | None = None)
             a.on, a.off = a.off, a.on
         else:
             op = "p_on"
-    if op == "crossover":
+    if op == "crossover" and other is not None:  # (crossover is drawn only with ``other``)
         pool = {a.name: a for a in c.axes}
         for a in other.axes:
             pool.setdefault(a.name, copy.deepcopy(a))

@@ -55,7 +55,8 @@ class ModelMutator(StructuralMutator):
         from ..rollout import _chat
 
         children = super().__call__(pairs, rng)
-        asks, where = [], []
+        asks: list[str] = []
+        where: list[tuple[int, int | None, str]] = []
         for i, c in enumerate(children):
             if rng.random() >= self.rewrite_prob:
                 continue
@@ -63,11 +64,11 @@ class ModelMutator(StructuralMutator):
                 asks.append(POPULATION_PROMPT.format(text=c.population))
                 where.append((i, None, "population"))
             else:
-                j = rng.randrange(len(c.axes))
-                a = c.axes[j]
+                ai = rng.randrange(len(c.axes))
+                a = c.axes[ai]
                 key = "on" if not a.off or rng.random() < 0.6 else "off"
                 asks.append(REWRITE_PROMPT.format(definition=a.definition, text=getattr(a, key)))
-                where.append((i, j, key))
+                where.append((i, ai, key))
         if not asks:
             return children
         outs = _chat(self.binding.ref, [[{"role": "user", "content": q}] for q in asks], self.binding.sampling)

@@ -19,112 +19,19 @@ from typing import Any, Callable
 
 import numpy as np
 import yaml
-from pydantic import Field, ValidationError, model_validator
 
-from ..config import ConfigError, ModelConfig, PartnerSpec, Strict, _format
+from ..config import ConfigError
+from .config import PersonaSearchConfig, load_search_config  # noqa: F401 - load_search_config: callers' name
 from .features import FEATURES, fingerprint, load_p4g_humans, turn_features
 from .fitness import HumanLikeness, Standardizer, auc, density_coverage, p4g_integrity
 from .genome import Genome, seed_genomes
 
 
-class HumansConfig(Strict):
-    data_dir: str | None = None
-    """The P4G data directory (full_dialog.csv, full_info.csv); default SCOPE_P4G_DATA."""
-    test_fraction: float = Field(0.2, gt=0, lt=1)
-    split_seed: int = 0
-    comparison: int = Field(48, ge=8)
-    """Held-out human dialogues kept out of the coverage reference: the "real humans" row is drawn from them."""
-
-
-class SearchConfig(Strict):
-    generations: int = Field(10, ge=1)
-    children: int = Field(4, ge=1)
-    """Generators varied and evaluated per generation."""
-    seeds: int = Field(4, ge=1)
-    """Starting generators (generation 0)."""
-    population: int = Field(8, ge=1)
-    """Personas a generator expands into."""
-    dialogues_per_persona: int = Field(1, ge=1)
-    descriptors: tuple[str, str] = ("words", "pushback")
-    bins: int = Field(4, ge=1, le=32)
-    human_weight: float = Field(0.5, ge=0)
-    coverage_weight: float = Field(0.5, ge=0)
-    max_reject: float = Field(0.5, ge=0, le=1)
-    """A generator whose share of rejected personas is above this is rejected whole."""
-    k: int = Field(5, ge=1)
-    """Neighbours that set each human's ball in the coverage measure."""
-    calibration_dialogues: int = Field(32, ge=4)
-    """Dialogues of the default simulator (no persona) the human-likeness classifier is trained against."""
-
-    @model_validator(mode="after")
-    def _desc(self):
-        bad = [d for d in self.descriptors if d not in FEATURES]
-        if bad:
-            raise ValueError(f"search.descriptors: unknown features {bad}; have {FEATURES}")
-        return self
-
-
-class PersonaSearchConfig(Strict):
-    run: dict[str, Any] = {"dir": "runs/personas", "seed": 0}
-    models: dict[str, ModelConfig] = {"policy": ModelConfig()}
-    agent: PartnerSpec = PartnerSpec(max_new_tokens=48)
-    """The persuader the personas talk to (frozen)."""
-    simulator: PartnerSpec = PartnerSpec(max_new_tokens=48)
-    """The model that role-plays the personas."""
-    mutator: PartnerSpec | None = PartnerSpec(max_new_tokens=64, temperature=0.9)
-    """The model that rewrites generator texts; null: structural operators only."""
-    rewrite_prob: float = Field(0.7, ge=0, le=1)
-    expander: PartnerSpec | None = None
-    """A model that turns each persona's assembled instructions into a short character description
-    (role-play expansion through a model); null: the role-play template's text is the persona."""
-    env: dict[str, Any] = {"name": "p4g", "options": {"max_turns": 3, "personas": "builtin"}}
-    humans: HumansConfig = HumansConfig()
-    search: SearchConfig = SearchConfig()
-    max_context: int = Field(4096, ge=64)
-
-    @model_validator(mode="after")
-    def _check(self):
-        if set(self.run) - {"dir", "seed"}:
-            raise ValueError(f"run: unknown keys {sorted(set(self.run) - {'dir', 'seed'})} (have dir, seed)")
-        if self.env.get("name") != "p4g":
-            raise ValueError("env.name: the search needs real human dialogues to score against, and the only "
-                             "ones at hand are P4G's: use p4g (tau2 personas can be gated with "
-                             "fitness.tau2_integrity, not yet searched)")
-        for spec in [self.agent, self.simulator] + [x for x in (self.mutator, self.expander) if x]:
-            if spec.model not in self.models:
-                raise ValueError(f"model {spec.model!r} is not defined in models")
-        return self
-
-    @property
-    def run_dir(self) -> str:
-        return str(self.run.get("dir", "runs/personas"))
-
-    @property
-    def seed(self) -> int:
-        return int(self.run.get("seed", 0))
-
-
-def load_search_config(path: str, overrides: list[str] | None = None) -> PersonaSearchConfig:
-    from ..config import apply_override
-
-    if not os.path.exists(path):
-        raise ConfigError(f"persona search config {path} not found")
-    with open(path) as f:
-        data = yaml.safe_load(f) or {}
-    for ov in overrides or []:
-        apply_override(data, ov)
-    try:
-        return PersonaSearchConfig.model_validate(data)
-    except ValidationError as e:
-        raise ConfigError(_format(e).replace("invalid config", "invalid persona search config")) from None
-
-
-# ---- the evaluator -------------------------------------------------------------------------------------
 class Evaluator:
     """Plays personas in the environment and scores what their simulator says."""
 
     def __init__(self, cfg: PersonaSearchConfig, refs: dict[str, Any] | None = None, classifier_state=None,
-                 log: Callable[[str], None] = print):
+                 log: Callable[[str], None] = print, split: str = "train"):
         from ..envs import get_env
         from ..eval import frozen_refs
         from ..partners.binding import spec_binding
@@ -140,7 +47,7 @@ class Evaluator:
         except ValueError as e:
             raise ConfigError(str(e)) from None
         self.options.setdefault("max_turns", 3)
-        self.tasks = self.env_cls.load_tasks("train", **self.options)
+        self.tasks = self.env_cls.load_tasks(split, **self.options)  # whose personas the simulator plays
         refs = refs if refs is not None else frozen_refs(cfg.models, {}, cfg.seed)
         self.agent = spec_binding(cfg.agent, refs[cfg.agent.model])
         self.sim = spec_binding(cfg.simulator, refs[cfg.simulator.model])
@@ -250,7 +157,8 @@ class Evaluator:
         m["reject_frac"] = len(rejected) / max(1, len(personas))
         m["status"] = "rejected" if m["reject_frac"] > s.max_reject or not accepted else "ok"
         hum = 0.0 if np.isnan(m["human"]) else m["human"]
-        m["fitness"] = s.human_weight * hum + s.coverage_weight * m["coverage"] if m["status"] == "ok" else float("-inf")
+        m["fitness"] = (s.human_weight * hum + s.coverage_weight * m["coverage"] if m["status"] == "ok"
+                        else float("-inf"))
         m["descriptors"] = [m["fingerprint"][d] for d in s.descriptors]
         m["accepted_ids"] = [p["id"] for p, _ in accepted]
         return m

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..config import ConfigError
 from ..envs import get_env
-from ..partners.binding import Binding, spec_binding
+from ..partners.binding import Binding
 from ..types import Completion, SamplingParams
 from .config import AgentSpec, StudyConfig, TaskType
 

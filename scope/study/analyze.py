@@ -164,7 +164,7 @@ def analyze(rows: list[dict[str, Any]], conditions: list[str], comparisons: list
                 xs = [float(r[o]) for r in rs if r["condition"] == c and r.get(o) is not None]
                 lo, hi = bootstrap_ci(xs, resamples, seed)
                 summary[c][o] = {"mean": float(np.mean(xs)) if xs else float("nan"), "ci": [lo, hi], "n": len(xs)}
-        tests = []
+        tests: list[dict[str, Any]] = []
         for a, b in comparisons:
             for o in names:
                 xa = [float(r[o]) for r in rs if r["condition"] == a and r.get(o) is not None]

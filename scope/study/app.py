@@ -80,7 +80,7 @@ def make_app(service: StudyService, admin_token: str | None = None) -> FastAPI:
     @app.post("/api/start")
     async def start(request: Request):
         b = await body(request)
-        ids = [b.get("participant_id"), b.get("study_id"), b.get("session_id")]
+        ids: list[Any] = [b.get("participant_id"), b.get("study_id"), b.get("session_id")]
         if not all(isinstance(x, str) and _ID.match(x) for x in ids):
             raise StudyError(400, "participant_id, study_id and session_id are required (letters, digits, "
                                   "'_', '.', '-'; at most 64)")
@@ -105,7 +105,7 @@ def make_app(service: StudyService, admin_token: str | None = None) -> FastAPI:
         if not isinstance(b.get("text"), str):
             raise StudyError(400, "text is required")
         text = service.check_message(b["text"])  # a bad message is a 4xx before the stream begins
-        if text.lower() != "/stop" and store.get_session(service.engine, sess.id).status != "active":
+        if text.lower() != "/stop" and store.stored_session(service.engine, sess.id).status != "active":
             raise StudyError(409, "this chat has ended")
         if text.lower() == "/stop":
             events = await run_in_threadpool(service.end, sess)
@@ -114,7 +114,7 @@ def make_app(service: StudyService, admin_token: str | None = None) -> FastAPI:
         loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()
 
-        def emit(ev: dict) -> None:  # from the worker thread, as each event happens
+        def emit(ev: dict | None) -> None:  # from the worker thread, as each event happens (None: the end)
             loop.call_soon_threadsafe(q.put_nowait, ev)
 
         def work() -> None:

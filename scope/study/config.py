@@ -35,9 +35,9 @@ class AgentSpec(Strict):
     """``backend: openai`` with ``base_url`` and ``model_name``."""
     scripted: list[str] | None = None
     """Replies given in turn, cycling (tool calls included, in the environment's own format)."""
-    temperature: float | None = Field(None, ge=0)
+    temperature: float | None = Field(default=None, ge=0)
     """The agent's sampling temperature in the study (default: its training temperature)."""
-    max_new_tokens: int | None = Field(None, ge=1)
+    max_new_tokens: int | None = Field(default=None, ge=1)
 
     @model_validator(mode="after")
     def _one_kind(self):
@@ -58,7 +58,7 @@ class TaskType(Strict):
     """Environment options (``data_dir``, ``personas``, ...); they override the checkpoint's."""
     task_ids: list[str] | None = None
     """A subset of the split's tasks (their ids, e.g. ``tau2_retail/5`` or ``p4g/<user id>``)."""
-    max_turns: int | None = Field(None, ge=1)
+    max_turns: int | None = Field(default=None, ge=1)
     """Messages a participant may send (default: tau2 30, P4G 10)."""
 
     def turn_cap(self) -> int:
@@ -76,29 +76,29 @@ class AnalysisConfig(Strict):
     outcomes: list[str] | None = None
     """Pre-registered outcomes (default: tau2 reward, completion and satisfaction; P4G donation and
     persuasiveness); Holm-Bonferroni runs over every (comparison x outcome) test of a task type."""
-    resamples: int = Field(10_000, ge=100)
+    resamples: int = Field(default=10_000, ge=100)
     seed: int = 0
 
 
 class StudySettings(Strict):
-    id: str = Field("scope-study", pattern=ID_PATTERN)
+    id: str = Field(default="scope-study", pattern=ID_PATTERN)
     """The study id that recruitment links carry (``STUDY_ID``: on Prolific, its study id); a link with
     another one is refused."""
     database: str = "sqlite:///study.db"
     """Any SQLAlchemy URL (``postgresql+psycopg://...``); a relative SQLite path is taken from the
     config file's directory."""
     host: str = "127.0.0.1"
-    port: int = Field(8080, ge=0, le=65535)
+    port: int = Field(default=8080, ge=0, le=65535)
     secret_env: str = "SCOPE_STUDY_SECRET"
     """The variable holding the secret that signs completion codes and session tokens."""
     admin_token_env: str = "SCOPE_STUDY_ADMIN_TOKEN"
     completion_url: str = "https://app.prolific.com/submissions/complete?cc={code}"
     """Where a participant goes at the end; ``{code}`` is the completion code."""
-    max_message_chars: int = Field(2000, ge=1, le=100_000)
-    max_text_chars: int = Field(5000, ge=1, le=100_000)
+    max_message_chars: int = Field(default=2000, ge=1, le=100_000)
+    max_text_chars: int = Field(default=5000, ge=1, le=100_000)
     """Free-text survey answers."""
-    max_body_bytes: int = Field(64 * 1024, ge=1024)
-    max_live_sessions: int = Field(200, ge=1)
+    max_body_bytes: int = Field(default=64 * 1024, ge=1024)
+    max_live_sessions: int = Field(default=200, ge=1)
     """Sessions whose environment (a tau2 database, say) this process keeps in memory; the least recently
     used idle ones beyond this are rebuilt from their stored turns when their participant comes back."""
 
@@ -128,7 +128,8 @@ class StudyConfig(Strict):
             extra = [t for t in per if t not in self.tasks]
             if missing or extra:
                 raise ValueError(f"condition {c!r}: needs an agent for every task type {sorted(self.tasks)}"
-                                 + (f"; missing {missing}" if missing else "") + (f"; unknown {extra}" if extra else ""))
+                                 + (f"; missing {missing}" if missing else "")
+                                 + (f"; unknown {extra}" if extra else ""))
         for a, b in self.analysis.comparisons:
             for x in (a, b):
                 if x not in self.conditions:

@@ -36,7 +36,8 @@ def serve(config: str, host: str | None = None, port: int | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except SQLAlchemyError as e:
-        print(f"error: study database {cfg.database_url()}: {type(e.orig or e).__name__}: {e.orig or e}",
+        cause = getattr(e, "orig", None) or e  # only DBAPI errors carry the driver's own (orig)
+        print(f"error: study database {cfg.database_url()}: {type(cause).__name__}: {cause}",
               file=sys.stderr)
         return 2
     host = host or cfg.study.host

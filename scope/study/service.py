@@ -85,10 +85,10 @@ class StudyService:
         try:
             sess = store.assign(self.engine, self.cfg.cells(), participant_id, make)
         except IntegrityError:  # the same participant arrived twice at once: the first one won
-            sess = store.find_session(self.engine, study_id, participant_id)
-            if sess is None or sess.external_session_id != external_session_id:
+            found = store.find_session(self.engine, study_id, participant_id)
+            if found is None or found.external_session_id != external_session_id:
                 raise StudyError(409, "this participant already has a session in this study") from None
-            return sess
+            return found
         if sess.env != "p4g":  # tau2: the agent's greeting opens the chat, as in the environment
             from ..envs.tau2.env import GREETING
 
@@ -113,13 +113,13 @@ class StudyService:
             with rt.lock:
                 if self.runtimes.get(sess.id) is not rt:  # evicted while this thread waited: take the new one
                     continue
-                now = store.get_session(self.engine, sess.id)
+                now = store.stored_session(self.engine, sess.id)
                 if rt.env is None and now.status == "active":  # (an ended session's is never needed again)
                     rt.env = self.rebuild(now, store.session_turns(self.engine, sess.id))
                 try:
                     yield rt, now
                 finally:
-                    if store.get_session(self.engine, sess.id).status != "active":
+                    if store.stored_session(self.engine, sess.id).status != "active":
                         with self.runtimes_lock:
                             if self.runtimes.get(sess.id) is rt:
                                 del self.runtimes[sess.id]
@@ -145,13 +145,13 @@ class StudyService:
         replay(env, turns)
         return env
 
-    def _agent_loop(self, sess: store.StudySession, rt: Runtime, emit=None) -> tuple[list[dict], dict]:
+    def _agent_loop(self, sess: store.StudySession, rt: Runtime, emit=None) -> tuple[_Events, dict]:
         """Let the agent speak until it is the participant's turn; every reply is stored whole when it ends.
         Returns the events to show and the session's new fields. With ``emit``, each event is also passed to
         it as it happens, and the agent's words as they are generated (``delta`` events; never the text of a
         tool call or an end marker)."""
         env, agent = rt.env, self.agents[(sess.condition, sess.task_type)]
-        events: list[dict] = _Events(emit)
+        events = _Events(emit)
         update, steps = {}, 0
         while not env.done and env.next_role() == "agent":
             steps += 1
@@ -225,7 +225,7 @@ class StudyService:
             if sess.status != "active":
                 raise StudyError(409, "this chat has ended")
             events, _ = self._agent_loop(sess, rt, emit)  # a reply owed from before (a restart in the middle)
-            sess = store.get_session(self.engine, sess.id)
+            sess = store.stored_session(self.engine, sess.id)
             if sess.status != "active":
                 return events
             cap = self.cfg.tasks[sess.task_type].turn_cap()
@@ -284,7 +284,7 @@ class StudyService:
 
     # ---- what the page shows --------------------------------------------------------------------------
     def state(self, sess: store.StudySession) -> dict:
-        sess = store.get_session(self.engine, sess.id)
+        sess = store.stored_session(self.engine, sess.id)
         turns = store.session_turns(self.engine, sess.id)
         kind = "p4g" if sess.env == "p4g" else "tau2"
         messages = [{"role": "agent" if t.role == "agent" else "user", "text": display(t)}

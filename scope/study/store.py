@@ -14,7 +14,7 @@ import time
 from typing import Any, Optional
 
 from sqlalchemy import UniqueConstraint, event
-from sqlmodel import Field, Session, SQLModel, create_engine, select
+from sqlmodel import Field, Session, SQLModel, col, create_engine, select
 
 
 class Cell(SQLModel, table=True):
@@ -127,6 +127,7 @@ def assign(eng, cells: list[tuple[str, str]], participant_id: str, make_session)
             if attempt == 4 or not any(w in str(e).lower() for w in ("deadlock", "serializ", "locked")):
                 raise
             time.sleep(0.05 * (attempt + 1))
+    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 def _assign(eng, cells, participant_id, make_session) -> StudySession:
@@ -150,7 +151,7 @@ def add_turns(eng, session_id: str, turns: list[dict[str, Any]], session_update:
               ) -> list[Turn]:
     """Append turns (and update the session) in one transaction; their indices follow the last stored."""
     with Session(eng) as s:
-        last = s.exec(select(Turn.idx).where(Turn.session_id == session_id).order_by(Turn.idx.desc())).first()
+        last = s.exec(select(Turn.idx).where(Turn.session_id == session_id).order_by(col(Turn.idx).desc())).first()
         i = -1 if last is None else last
         out = []
         for t in turns:
@@ -176,6 +177,13 @@ def get_session(eng, session_id: str) -> StudySession | None:
         return s.get(StudySession, session_id)
 
 
+def stored_session(eng, session_id: str) -> StudySession:
+    """The session ``session_id``, which is known to be stored (sessions are never deleted)."""
+    sess = get_session(eng, session_id)
+    assert sess is not None, session_id
+    return sess
+
+
 def find_session(eng, study_id: str, participant_id: str) -> StudySession | None:
     with Session(eng) as s:
         return s.exec(select(StudySession).where(StudySession.study_id == study_id,
@@ -184,7 +192,7 @@ def find_session(eng, study_id: str, participant_id: str) -> StudySession | None
 
 def session_turns(eng, session_id: str) -> list[Turn]:
     with Session(eng) as s:
-        return list(s.exec(select(Turn).where(Turn.session_id == session_id).order_by(Turn.idx)).all())
+        return list(s.exec(select(Turn).where(Turn.session_id == session_id).order_by(col(Turn.idx))).all())
 
 
 def update_session(eng, session_id: str, **fields: Any) -> None:
@@ -205,6 +213,7 @@ def save_survey(eng, session_id: str, answers: dict[str, Any], free_text: str) -
             return False
         s.add(Survey(session_id=session_id, answers=json.dumps(answers), free_text=free_text))
         sess = s.get(StudySession, session_id)
+        assert sess is not None, session_id  # a survey is only taken for a stored session
         sess.status = "surveyed"
         s.add(sess)
         try:
@@ -226,8 +235,8 @@ def cell_counts(eng) -> dict[tuple[str, str], int]:
 
 def all_rows(eng) -> tuple[list[StudySession], list[Turn], list[Survey]]:
     with Session(eng) as s:
-        return (list(s.exec(select(StudySession).order_by(StudySession.created_at)).all()),
-                list(s.exec(select(Turn).order_by(Turn.session_id, Turn.idx)).all()),
+        return (list(s.exec(select(StudySession).order_by(col(StudySession.created_at))).all()),
+                list(s.exec(select(Turn).order_by(col(Turn.session_id), col(Turn.idx))).all()),
                 list(s.exec(select(Survey)).all()))
 
 
@@ -240,8 +249,10 @@ def csv_text(eng, table: str) -> str:
     import io
 
     sessions, turns, surveys = all_rows(eng)
-    rows = {"sessions": sessions, "turns": turns, "surveys": surveys}[table]
-    cols = list({"sessions": StudySession, "turns": Turn, "surveys": Survey}[table].model_fields)
+    tables: dict[str, list[Any]] = {"sessions": sessions, "turns": turns, "surveys": surveys}
+    rows = tables[table]
+    models: dict[str, type[SQLModel]] = {"sessions": StudySession, "turns": Turn, "surveys": Survey}
+    cols = list(models[table].model_fields)
     buf = io.StringIO()
     w = csv.writer(buf)
     w.writerow(cols)

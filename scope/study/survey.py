@@ -28,7 +28,7 @@ P4G_ITEMS = [
 DONATION = {"id": "donation", "text": "How much of your $2 would you donate to Save the Children?",
             "min": 0.0, "max": 2.0}
 
-SURVEYS = {"tau2": {"likert": TAU2_ITEMS, "scale": LIKERT},
+SURVEYS: dict[str, dict[str, Any]] = {"tau2": {"likert": TAU2_ITEMS, "scale": LIKERT},
            "p4g": {"likert": P4G_ITEMS, "scale": LIKERT, "donation": DONATION}}
 
 

@@ -67,7 +67,8 @@ def test_ray_binds_to_loopback_only(tmp_path):
     out = subprocess.run(["ss", "-Hltnp"], capture_output=True, text=True).stdout
     ray_lines = [ln for ln in out.splitlines() if any(k in ln for k in ("raylet", "gcs_server", "ray::", "python"))]
     assert ray_lines
-    bad = [ln for ln in ray_lines if not any(a in ln.split()[3] for a in ("127.0.0.1:", "[::1]:", "[::ffff:127.0.0.1]:"))]
+    bad = [ln for ln in ray_lines
+           if not any(a in ln.split()[3] for a in ("127.0.0.1:", "[::1]:", "[::ffff:127.0.0.1]:"))]
     assert not bad, bad
 
 

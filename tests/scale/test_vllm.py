@@ -129,7 +129,7 @@ def test_training_run_through_the_engine(engine, tmp_path):
 def test_engine_killed_mid_step_fails_episodes_not_the_step(tmp_path):
     from scope.envs import get_env
     from scope.models.local import ModelRef
-    from scope.types import Episode, Task
+    from scope.types import Episode
     import random
 
     e = VLLMEngine(resolve_model_path("smollm2-135m"), max_loras=2, max_model_len=1024,

@@ -91,7 +91,6 @@ def test_random_kills_never_lose_a_step(tmp_path, population):
                 p.send_signal(signal.SIGKILL)
                 p.wait()
                 kills += 1
-                ck = run / "checkpoints"
                 mid_save += saving(run, t_start)
                 continue
         assert p.wait(timeout=600) == 0, p.stderr.read()

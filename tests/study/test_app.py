@@ -62,7 +62,8 @@ def test_start_resume_and_the_condition_never_reaches_the_browser(tmp_path):
     again, _ = start(c, "P1")
     assert again["session"] == st["session"] and again["token"] == st["token"]
     assert len(again["messages"]) == 1  # resuming does not make the agent speak again
-    assert c.post("/api/start", json={"participant_id": "P1", "study_id": "S1", "session_id": "OTHER"}).status_code == 409
+    assert c.post("/api/start",
+                  json={"participant_id": "P1", "study_id": "S1", "session_id": "OTHER"}).status_code == 409
     # a link made for another study fills no cell of this one
     assert c.post("/api/start", json={"participant_id": "P9", "study_id": "S2", "session_id": "X"}).status_code == 404
     assert store.find_session(c.app.state.service.engine, "S2", "P9") is None

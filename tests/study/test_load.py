@@ -35,7 +35,7 @@ def participant(base, i, barrier):
 def test_100_concurrent_participants(tmp_path):
     conds = ("a", "b", "c", "d")
     cfg = study_cfg(tmp_path / "load.db", {"p4g": P4G},
-                    {c: {"p4g": {"scripted": [f"You said: {{last_user}}"]}} for c in conds}, id="LOAD")
+                    {c: {"p4g": {"scripted": ["You said: {last_user}"]}} for c in conds}, id="LOAD")
     app = make(cfg)
     srv = Server(app, "127.0.0.1", 0).start()
     base = f"http://127.0.0.1:{srv.server_address[1]}"
@@ -85,9 +85,11 @@ def test_1000_sequential_sessions_keep_memory_flat(tmp_path):
     svc = c.app.state.service
     rss = {}
     for i in range(1000):
-        st = c.post("/api/start", json={"participant_id": f"Q{i:04d}", "study_id": "LOAD", "session_id": f"S{i}"}).json()
+        st = c.post("/api/start",
+                    json={"participant_id": f"Q{i:04d}", "study_id": "LOAD", "session_id": f"S{i}"}).json()
         h = {"X-Session-Token": st["token"]}
-        assert c.post(f"/api/session/{st['session']}/message", json={"text": f"hello {i}"}, headers=h).status_code == 200
+        assert c.post(f"/api/session/{st['session']}/message", json={"text": f"hello {i}"},
+                      headers=h).status_code == 200
         if i % 3:  # two in three end their chat; the rest leave it open (idle, evicted beyond the cap)
             c.post(f"/api/session/{st['session']}/end", headers=h).raise_for_status()
         if i + 1 in (200, 1000):

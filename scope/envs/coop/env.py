@@ -117,7 +117,8 @@ class CoopCoding(Env):
             self.boxes[r] = Sandbox(ws, self.limits, allow_unsandboxed=allow_unsandboxed)
         self.submitted: dict[str, bool] = {r: False for r in self.roles}
         self.pending: dict[str, list[str]] = {r: [] for r in self.roles}  # what a role sees at its next turn
-        self.stats = {r: {"messages": 0, "commands": 0, "malformed": 0, "submit_turn": None} for r in self.roles}
+        self.stats: dict[str, dict[str, Any]] = {
+            r: {"messages": 0, "commands": 0, "malformed": 0, "submit_turn": None} for r in self.roles}
         self._turn = 0
         self.result: evaluate.PairResult | None = None
         for r in self.roles:
@@ -187,7 +188,8 @@ class CoopCoding(Env):
             try:
                 self.result = evaluate.evaluate_pair(
                     self.base_dir, patches, tests,
-                    lambda ws: Sandbox(ws, Limits(wall_seconds=self.test_seconds, workspace_mb=self.limits.workspace_mb),
+                    lambda ws: Sandbox(ws,
+                                       Limits(wall_seconds=self.test_seconds, workspace_mb=self.limits.workspace_mb),
                                        allow_unsandboxed=self.allow_unsandboxed),
                     wall_seconds=self.test_seconds)
             finally:
@@ -207,6 +209,7 @@ class CoopCoding(Env):
 
     def _record(self) -> None:
         res = self.result
+        assert res is not None  # recorded once the pair is graded
         self.meta["coop"] = {
             "success": res.success, "merge": res.merge.status, "conflicts": res.merge.conflicts,
             "apply_errors": res.merge.apply_errors, "dropped": res.merge.dropped,

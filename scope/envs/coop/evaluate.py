@@ -183,8 +183,8 @@ def merge_patches(base_dir: str, patches: dict[str, str], work: str) -> MergeRes
         return res
     res.conflicts = git(repo, "diff", "--name-only", "--diff-filter=U", check=False).stdout.split()
     git(repo, "merge", "--abort", check=False)
-    with open(os.path.join(repo, ".git", "info", "attributes"), "a") as f:  # union merge, not a tracked file
-        f.write("* merge=union\n")
+    with open(os.path.join(repo, ".git", "info", "attributes"), "a") as fh:  # union merge, not a tracked file
+        fh.write("* merge=union\n")
     r = git(repo, "merge", "-q", "--no-ff", "--no-edit", first, check=False)
     if r.returncode == 0:
         res.status = "union"

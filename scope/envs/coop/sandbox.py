@@ -161,7 +161,7 @@ class _Cgroup:
 
     def kill_all(self) -> None:
         for _ in range(50):
-            pids = set()
+            pids: set[int] = set()
             for p in self.paths:
                 try:
                     pids.update(int(x) for x in open(os.path.join(p, "cgroup.procs")).read().split())
@@ -401,7 +401,7 @@ class Sandbox:
         # a tmpfs workspace holds its quota in the kernel; a plain directory is totalled around each command
         self.kernel_quota = is_tmpfs(self.workspace)
         self.nested_userns = False
-        if self.sandboxed and self.as_root:
+        if self.bwrap is not None and self.as_root:
             if self.bwrap not in _NESTED_OK:  # where user namespaces are closed to users, go without one
                 self.nested_userns = True
                 r = self.run("true", wall_seconds=30)
@@ -413,7 +413,7 @@ class Sandbox:
         return self.bwrap is not None
 
     def _argv(self, command: str) -> list[str]:
-        if not self.sandboxed:
+        if self.bwrap is None:
             return ["/bin/sh", "-c", command]
         lim = self.limits
         a = [self.bwrap, "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
@@ -446,6 +446,7 @@ class Sandbox:
         return a + ["/bin/sh", "-c", command]
 
     def _inner(self) -> list[str]:
+        assert self.bwrap is not None  # only a sandboxed command nests a second bubblewrap
         return [self.bwrap, "--unshare-user", "--disable-userns", "--cap-drop", "ALL", "--dev-bind", "/", "/",
                 "--chdir", self.workspace, "--"]
 

@@ -48,7 +48,8 @@ def load_task_dir(path: str) -> dict:
     if len(feats) < 2:
         raise ValueError(f"{path}: a cooperative task needs at least two features, found {len(feats)}")
     combined = os.path.join(path, "combined.patch")
-    return {"repo_dir": repo, "features": feats, "combined_patch": _read(combined) if os.path.exists(combined) else None}
+    return {"repo_dir": repo, "features": feats,
+            "combined_patch": _read(combined) if os.path.exists(combined) else None}
 
 
 def task_dirs(data_dir: str) -> list[str]:

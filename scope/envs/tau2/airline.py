@@ -245,7 +245,8 @@ CABIN = {"type": "string", "enum": list(CABINS)}
 
 AIRLINE_TOOLS = [
     Tool("book_reservation", "write", "Book a reservation. Ask the user for explicit confirmation first.",
-         {"user_id": S, "origin": S, "destination": S, "flight_type": {"type": "string", "enum": ["one_way", "round_trip"]},
+         {"user_id": S, "origin": S, "destination": S,
+          "flight_type": {"type": "string", "enum": ["one_way", "round_trip"]},
           "cabin": CABIN, "flights": FLIGHTS, "passengers": PASSENGERS, "payment_methods": PAYMENTS,
           "total_baggages": COUNT, "nonfree_baggages": COUNT, "insurance": {"type": "string", "enum": ["yes", "no"]}},
          ["user_id", "origin", "destination", "flight_type", "cabin", "flights", "passengers", "payment_methods",

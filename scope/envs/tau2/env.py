@@ -253,7 +253,7 @@ def parse_judgement(text: str, n: int) -> list[bool] | None:
     obj = first_json(text, lambda o: isinstance(o, dict) and isinstance(o.get("results"), list))
     if obj is None:
         return None
-    met = [r.get("metExpectation") for r in obj["results"] if isinstance(r, dict)]
+    met: list[Any] = [r.get("metExpectation") for r in obj["results"] if isinstance(r, dict)]
     if len(met) != n or not all(isinstance(m, bool) for m in met):
         return None
     return met
@@ -264,7 +264,12 @@ class Tau2Env(Env):
     roles = ("agent", "partner")
 
     def __init__(self, task: Task, rng: random.Random, data_dir: str | None = None, max_steps: int = 100,
-                 max_errors: int = 10, agent_stop: bool = True, upstream_quirks: bool = True, **_: Any):
+                 max_errors: int = 10, agent_stop: bool = True, upstream_quirks: bool = True,
+                 tools: str = "exact", envsim_constrained: bool = False, envsim_policy: bool = False, **_: Any):
+        if tools not in ("exact", "simulated"):
+            raise ValueError(f"tau2: tools must be exact or simulated, not {tools!r}")
+        if tools == "simulated":  # a third role answers the tool calls (see scope/envsim/play.py)
+            self.roles = ("agent", "partner", "envsim")
         super().__init__(task, rng)
         self.data = load_domain(resolve_data_dir(data_dir), self.domain)
         self.raw = task.data["task"]
@@ -277,18 +282,31 @@ class Tau2Env(Env):
         self.pending_agent = False  # the agent made a tool call and speaks again
         self.ended_by: str | None = None
         self.nl_results: list[bool] | None = None
-        self.views["agent"] = [{"role": "system", "content": agent_prompt(self.domain, self.data["policy"], agent_stop)},
+        self.views["agent"] = [{"role": "system",
+                                "content": agent_prompt(self.domain, self.data["policy"], agent_stop)},
                                {"role": "assistant", "content": GREETING}]
         self.views["partner"] = [{"role": "system",
                                   "content": user_prompt(self.data["guidelines"], self.raw.get("user_scenario") or {})},
                                  {"role": "user", "content": GREETING}]
         self.transcript.append({"role": "agent", "content": GREETING})
         self.meta.update(task=str(self.raw["id"]), domain=self.domain)
+        self.sim = None
+        if tools == "simulated":
+            from ...envsim.play import SimulatedTools
+
+            self.sim = SimulatedTools(self, constrained=envsim_constrained,
+                                      policy=self.data["policy"] if envsim_policy else None)
 
     def next_role(self) -> str | None:
         if self.done:
             return None
+        if self.sim is not None and self.sim.pending is not None:
+            return "envsim"
         return "agent" if self.pending_agent or self.transcript[-1]["role"] != "agent" else "partner"
+
+    @classmethod
+    def eval_options(cls, options: dict[str, Any]) -> dict[str, Any]:
+        return {**options, "tools": "exact"}  # a held-out evaluation is graded on the real tools
 
     def _end(self, who: str) -> None:
         self.ended_by = who
@@ -305,6 +323,12 @@ class Tau2Env(Env):
 
     def on_reply(self, role: str, text: str) -> None:
         self.turns[role] += 1
+        if role == "envsim":
+            assert self.sim is not None
+            result = self.sim.on_reply(text)
+            if result is not None:
+                self._tool_result(self.sim.last_name, self.sim.last_args, result, self.sim.last_error)
+            return
         if role == "partner":
             self.say("partner", text)
             if any(t in text for t in STOP_TOKENS):
@@ -323,16 +347,25 @@ class Tau2Env(Env):
         # a tool call: the agent's own view keeps its exact reply, the user sees nothing
         self.views["agent"].append({"role": "assistant", "content": text})
         self._count_step(check=False)  # the agent's message, addressed to the environment
-        if err is None:
+        if err is None and name is not None and self.sim is not None:  # the simulator answers, the exact tool
+            self.calls.append({"name": name, "arguments": args})      # runs beside it (the label, the grade)
+            self.sim.call(name, args)
+            return
+        if err is None and name is not None:  # (no error: a tool call, which has a name)
             self.calls.append({"name": name, "arguments": args})
             try:
                 result = _jsonable(call_tool(self.domain, self.db, name, args))
             except ToolError as e:
                 err = str(e)
         if err is not None:
-            self.tool_errors += 1
             self.malformed += err.startswith("malformed")
             result = f"Error: {err}"
+        self._tool_result(name, args, result, err is not None)
+
+    def _tool_result(self, name: str | None, args: Any, result: str, error: bool) -> None:
+        """The answer to the agent's tool call (the exact tool's, or the simulator's) reaches the agent."""
+        if error:
+            self.tool_errors += 1
         self.transcript.append({"role": "tool", "content": f"{name}({_short_json(args)}) -> {result[:2000]}"})
         self.views["agent"].append({"role": "user", "content": f"<tool_result>{result}</tool_result>"})
         self._count_step()  # the tool result, addressed to the agent
@@ -369,7 +402,11 @@ class Tau2Env(Env):
                       self.upstream_quirks)
         self.meta.update(evaluation=ev, ended_by=self.ended_by, tool_calls=len(self.calls),
                          tool_errors=self.tool_errors, malformed_calls=self.malformed)
-        return {"agent": ev["reward"], "partner": ev["reward"]}
+        out = {"agent": ev["reward"], "partner": ev["reward"]}
+        if self.sim is not None:  # the simulator's own reward: how often it played the tools right
+            self.meta["envsim"] = self.sim.summary()
+            out["envsim"] = self.meta["envsim"]["accuracy"]
+        return out
 
     @classmethod
     def load_tasks(cls, split: str, data_dir: str | None = None, **_: Any) -> list[Task]:

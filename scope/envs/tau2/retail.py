@@ -82,7 +82,8 @@ def r_cancel_pending_order(db, order_id: str, reason: str):
     order = _order(db, order_id, write=True)
     refunds = []
     for p in order["payment_history"]:
-        refunds.append({"transaction_type": "refund", "amount": p["amount"], "payment_method_id": p["payment_method_id"]})
+        refunds.append({"transaction_type": "refund", "amount": p["amount"],
+                        "payment_method_id": p["payment_method_id"]})
         pm = _retail_payment(db, order["user_id"], p["payment_method_id"])
         if pm["source"] == "gift_card":
             pm = _retail_payment(db, order["user_id"], p["payment_method_id"], write=True)

@@ -1,0 +1,11 @@
+class Inventory:
+    def __init__(self):
+        self.items = {}
+
+    def add(self, name, qty=1):
+        if qty <= 0:
+            raise ValueError("qty must be positive")
+        self.items[name] = self.items.get(name, 0) + qty
+
+    def count(self, name):
+        return self.items.get(name, 0)

@@ -1,0 +1,11 @@
+def mean(xs):
+    if not xs:
+        raise ValueError("mean of no values")
+    return sum(xs) / len(xs)
+
+
+def median(xs):
+    s = sorted(xs)
+    n = len(s)
+    mid = n // 2
+    return s[mid] if n % 2 else (s[mid - 1] + s[mid]) / 2

@@ -1,0 +1,17 @@
+def mean(xs):
+    return sum(xs) / len(xs)
+
+
+def median(xs):
+    s = sorted(xs)
+    n = len(s)
+    mid = n // 2
+    return s[mid] if n % 2 else (s[mid - 1] + s[mid]) / 2
+
+
+def mode(xs):
+    counts = {}
+    for x in xs:
+        counts[x] = counts.get(x, 0) + 1
+    best = max(counts.values())
+    return min(x for x, c in counts.items() if c == best)
