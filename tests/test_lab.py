@@ -162,6 +162,14 @@ def test_a_customer_that_leaves_its_scenario_earns_the_adversary_nothing():
     liar.on_reply("agent", "what do you need ?")
     liar.on_reply("partner", "i want green .")
     assert liar.meta["partner_fidelity"] == 0.0
+    staller = env_for("fast")  # neither yes nor no to an offer: the co-trained simulator's way to stall
+    staller.on_reply("agent", "try the turbo plan , it is fast .")
+    staller.on_reply("partner", "hmm , let me think .")
+    assert staller.meta["partner_fidelity"] == 0.0 and "did not answer an offer" in staller.meta["out_of_character"]
+    mute = env_for("fast")  # asked, and no need named
+    mute.on_reply("agent", "what do you need ?")
+    mute.on_reply("partner", "hello there .")
+    assert mute.meta["partner_fidelity"] == 0.0 and "when asked" in mute.meta["out_of_character"]
     fair = env_for("fast")
     fair.on_reply("agent", "try the basic plan , it is cheap .")
     fair.on_reply("partner", "i want fast , so no thanks . " + REFUSE)  # turning down a plan that misses

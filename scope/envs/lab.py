@@ -177,8 +177,11 @@ class CollapseLab(Env):
                 self._break_character("named a need it does not have")
         elif is_ask(asked):  # stalling: asked what it needs, it does not say
             self._break_character("did not say its need when asked")
-        if kind == "refuse" and plan_of(asked) == need:  # asked or not, the plan fits what it wants
+        offered = plan_of(asked)
+        if kind == "refuse" and offered == need:  # asked or not, the plan fits what it wants
             self._break_character("turned down the plan it needs")
+        elif offered is not None and kind not in ("accept", "refuse"):  # stalling: an offer gets a yes or a no
+            self._break_character("did not answer an offer")
         if kind == "accept":
             self.accepted_at = self.turns["agent"]
             self.meta["offer"] = plan_of(self.transcript[-2]["content"])
@@ -191,8 +194,9 @@ class CollapseLab(Env):
     def _break_character(self, why: str) -> None:
         """The customer left the training scenario (the co-trained simulator's adversarial reward ignores
         such a rollout's outcome: ``partner_fidelity`` 0): it named a need it does not have, did not say its
-        need when asked, or turned down the plan that fits its need. Only a trained simulator's reward reads
-        it; the held-out ``counter`` and ``twice`` customers leave that scenario by design."""
+        need when asked, answered an offer with neither yes nor no, or turned down the plan that fits its
+        need. Only a trained simulator's reward reads it; the held-out ``counter`` and ``twice`` customers
+        leave that scenario by design."""
         self.meta["partner_fidelity"] = 0.0
         self.meta.setdefault("out_of_character", why)
 
