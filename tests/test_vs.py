@@ -244,18 +244,28 @@ def test_json_punctuation_alone_is_no_candidate(raw):
     assert not p.ok and not p.texts, p
 
 
-@pytest.mark.parametrize("raw", [
-    '{"responses": [{"text": "' * 1000 + '{"responses": []}',
-    "[" * 20000, "{" * 10000 + "}" * 10000, '{"responses": [' * 2000 + "]}" * 2000,
-    '{"text": "' * 2000, '"text": "a", ' * 1700, "[" * 10000 + '{"text": "x"}' + "]" * 10000,
-    '"\\' * 10000, '["\\' * 7000, '"' * 20000])
-def test_parsing_is_linear_in_the_reply_length(raw):
+@pytest.mark.parametrize("make", [
+    lambda n: '{"responses": [{"text": "' * n + '{"responses": []}',
+    lambda n: "[" * (20 * n), lambda n: "{" * (10 * n) + "}" * (10 * n),
+    lambda n: '{"responses": [' * (2 * n) + "]}" * (2 * n),
+    lambda n: '{"text": "' * (2 * n), lambda n: '"text": "a", ' * (2 * n), lambda n: "[" * (10 * n) + '{"text": "x"}' + "]" * (10 * n),
+    lambda n: '"\\' * (10 * n), lambda n: '["\\' * (7 * n), lambda n: '"' * (20 * n)])
+def test_parsing_is_linear_in_the_reply_length(make):
+    """Four times the reply costs about four times the time, not sixteen (each size timed at its best of
+    three, so that a busy machine does not decide it)."""
     import time
 
     from scope.partners.vs import complete, runaway
 
-    t0 = time.perf_counter()
-    check(parse(raw))
-    complete(raw, 5)
-    runaway(raw, 100)
-    assert time.perf_counter() - t0 < 0.05, len(raw)
+    def cost(raw):
+        best = float("inf")
+        for _ in range(3):
+            t0 = time.perf_counter()
+            check(parse(raw))
+            complete(raw, 5)
+            runaway(raw, 100)
+            best = min(best, time.perf_counter() - t0)
+        return best
+
+    small, big = cost(make(1000)), cost(make(4000))
+    assert big < 8 * small + 0.005, (len(make(4000)), small, big)
