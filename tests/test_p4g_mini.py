@@ -19,14 +19,15 @@ def test_the_p4g_mini_grid_runs_end_to_end_in_its_quick_form(tmp_path):
                   batch_tokens=768, epochs=0.5), log=lambda s: None, progress=False)
     with open(os.path.join(ROOT, "configs", "p4g_mini", "panel.yaml")) as f:
         panel = yaml.safe_load(f)
-    panel["episodes"] = 2
+    panel["episodes"] = 1
     panel["models"]["people"] = {"path": "tiny-random", "adapter": str(tmp_path / "sim" / "adapter")}
     (tmp_path / "panel.yaml").write_text(yaml.safe_dump(panel))
     out = str(tmp_path / "grid")
     tiny = ["models.policy.path=tiny-random", "train.steps=2", "eval.every=2", f"eval.panel={tmp_path / 'panel.yaml'}",
-            f"env.options.data_dir={p4g}", "rollout.n_tasks=2", "rollout.group_size=2", "agent.max_new_tokens=6",
-            "partner.max_new_tokens=6", "diagnostics.probe_every=2", "diagnostics.probe_states=2",
-            "diagnostics.probe_samples=2", "partner.vs.max_new_tokens=40", "partner.pool.every=1"]
+            f"env.options.data_dir={p4g}", "env.options.max_turns=1", "rollout.n_tasks=1", "rollout.group_size=2",
+            "agent.max_new_tokens=4", "partner.max_new_tokens=4", "diagnostics.probe_every=2",
+            "diagnostics.probe_states=1", "diagnostics.probe_samples=2", "partner.vs.max_new_tokens=24",
+            "partner.vs.max_reasks=0", "partner.pool.every=1"]
     res = run_lab(out, configs=os.path.join(ROOT, "configs", "p4g_mini"), seeds=1, overrides=tiny,
                   log=lambda s: None)
     assert set(res["paradigms"]) == set(PARADIGMS)
