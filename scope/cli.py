@@ -296,6 +296,52 @@ def cmd_envsim(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_koth(args: argparse.Namespace) -> int:
+    if args.koth_cmd == "train":
+        from .koth.skills import train as train_skills
+
+        steps = {k: v for k, v in (("skill", args.skill_steps), ("flat", args.flat_steps)) if v}
+        paths = train_skills(steps=steps or None, log=lambda s: print(s, flush=True))
+        print("\n".join(f"{k}: {v}" for k, v in paths.items()))
+        return 0
+    if args.koth_cmd == "replay":
+        from .koth import replay
+        from .koth.env import make_team
+
+        a, b = args.teams.split(",")
+        os.makedirs(args.out, exist_ok=True)
+        recs = []
+        for s in (int(x) for x in args.seeds.split(",")):
+            rec = replay.record((make_team(a, args.skills, seed=s), make_team(b, args.skills, seed=s + 1)), seed=s)
+            name = f"{a}_vs_{b}_seed{s}.gif"
+            replay.gif(rec, os.path.join(args.out, name))
+            recs.append((name, rec))
+        print(f"wrote {replay.page(recs, args.out)}")
+        return 0
+    from .koth import tournament
+
+    teams = args.teams.split(",")
+    agents = {}
+    for t in teams:
+        if t == "llm" or t.startswith("llm:"):
+            from .partners.binding import Binding
+            from .policy import load_policy
+            from .types import SamplingParams
+
+            policy = "base" if t == "llm" else t[4:]
+            _, _, b = load_policy(policy, args.config, args.model if policy == "base" else None, [])
+            agents[t] = Binding(id=t, ref=b.ref, sampling=SamplingParams(temperature=args.temperature,
+                                                                           max_new_tokens=24))
+        elif t not in tournament.FIXED:
+            print(f"error: unknown team {t!r}; choose from {', '.join(tournament.FIXED)}, llm, llm:<checkpoint>",
+                  file=sys.stderr)
+            return 2
+    res = tournament.run(teams, args.games, args.seed, agents, log=lambda s: print(s, flush=True))
+    print(f"wrote {tournament.write(res, args.out)}")
+    print(tournament.table(res))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="scope", description="Multi-turn RL for LLM agents against LLM partners.")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -378,6 +424,27 @@ def main(argv: list[str] | None = None) -> int:
     eb.add_argument("--seed", type=int, default=0)
     eb.add_argument("--out", default="runs/envsim")
     ev_.set_defaults(fn=cmd_envsim)
+    ko = sub.add_parser("koth", help="2v2 King of the Hill: RL skills, a behaviour tree, an LLM controller")
+    ks = ko.add_subparsers(dest="koth_cmd", required=True)
+    kt = ks.add_parser("train", help="train the four RL skills and the flat RL team with PPO (cached)")
+    kt.add_argument("--skill-steps", type=int, help="environment steps per skill")
+    kt.add_argument("--flat-steps", type=int, help="environment steps of the flat team")
+    kn = ks.add_parser("tournament", help="every pair of teams for N games: win rates, intervals, tests")
+    kn.add_argument("--teams", default="bt,flat,random,llm",
+                    help="comma-separated: bt, flat, random, llm (the base model), llm:<checkpoint>")
+    kn.add_argument("--games", type=int, default=100)
+    kn.add_argument("--seed", type=int, default=0)
+    kn.add_argument("--model", default="smollm2-135m", help="the LLM controller's base model")
+    kn.add_argument("--config", help="the run config of llm:<checkpoint> teams (default: the checkpoint's)")
+    kn.add_argument("--temperature", type=float, default=0.7)
+    kn.add_argument("--out", default="runs/koth")
+    kr = ks.add_parser("replay", help="GIF replays of games between two fixed teams, and a viewer page")
+    kr.add_argument("--teams", default="bt,flat")
+    kr.add_argument("--seeds", default="0,1,2")
+    kr.add_argument("--out", default="runs/koth/replays")
+    kr.add_argument("--skills", choices=["rl", "scripted"], default="rl",
+                    help="the random picker's skills: the RL ones (trained on first use) or the plain ones")
+    ko.set_defaults(fn=cmd_koth)
     si = sub.add_parser("sim", help="simulators fitted to people: fit one on the P4G persuadees, measure it")
     ss = si.add_subparsers(dest="sim_cmd", required=True)
     sf = ss.add_parser("fit", help="LoRA-fit a simulator on the real P4G persuadees' turns (train split); "

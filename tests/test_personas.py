@@ -237,3 +237,82 @@ def test_role_play_expansion_through_a_model():
     stats = {}
     out = expand_with_model(pop, bad, stats)
     assert [p["text"] for p in out] == [p["text"] for p in pop] and stats == {"expand_refused": 3}
+
+
+# ---- generator programs (run in the sandbox) -------------------------------------------------------------
+def test_a_generator_program_runs_in_the_sandbox_and_its_output_is_checked():
+    from scope.personas.genome import seed_genomes
+    from scope.personas.program import ProgramFailure, ProgramGenome, mutate_program, run_program
+
+    g = ProgramGenome.from_genome(seed_genomes(1, random.Random(0))[0])
+    pop = g.expand(5, random.Random(1), tasks=[{"name": "A"}, {"name": "B"}])
+    assert len(pop) == 5 and all(p["text"] and p["id"].startswith(g.id) for p in pop)
+    child = mutate_program(g, random.Random(2))
+    assert child.id != g.id and child.parents == [g.id]
+    task_aware = "DATA = {}\ndef generate(task, rng):\n    return {'text': 'You are ' + task['name'] + '.'}\n"
+    assert [p["text"] for p in run_program(task_aware, [{"task": {"name": "Ann"}, "seed": 0}])] == ["You are Ann."]
+    for bad, why in (("def generate(task, rng):\n    return {'text': ''}\n", "without text"),
+                     ("def generate(task, rng):\n    return {'text': 'x' * 5000}\n", "over"),
+                     ("print('hello')\n", "AttributeError")):
+        with pytest.raises(ProgramFailure, match=why):
+            run_program(bad, [{"task": {}, "seed": 0}])
+
+
+LOOPING = "DATA = {}\ndef generate(task, rng):\n    while True:\n        pass\n"
+CRASHING = "DATA = {}\ndef generate(task, rng):\n    return {'text': 1 / 0}\n"
+ESCAPING = ("import os, socket\nDATA = {}\ndef generate(task, rng):\n"
+            "    open(os.path.expanduser('~') + '/../../tmp/scope-escaped-{marker}', 'w').write('x')\n"
+            "    socket.create_connection(('127.0.0.1', 22), timeout=1)\n    return {'text': 'escaped'}\n")
+
+
+def test_looping_crashing_and_escaping_programs_score_zero_and_the_search_goes_on(tmp_path, monkeypatch):
+    from scope.personas import search as search_mod
+    from scope.personas.program import ProgramGenome
+    from scope.personas.search import evolve
+
+    marker = f"/tmp/scope-escaped-{os.getpid()}"
+    bad = [ProgramGenome(LOOPING), ProgramGenome(CRASHING), ProgramGenome(ESCAPING.replace("{marker}", str(os.getpid())))]
+    real_seed = search_mod.seed_children
+
+    def seeds(n, kind, rng):  # the search starts from the bad programs beside good ones
+        return bad + real_seed(n, kind, rng)
+    monkeypatch.setattr(search_mod, "seed_children", seeds)
+    cfg = search_cfg(tmp_path, genome="both", seeds=2)
+    lines = []
+    state = evolve(cfg, log=lines.append)
+    fails = {f["id"]: f["reason"] for f in state["program_failures"]}
+    assert {g.id for g in bad} <= set(fails)
+    assert "CPU time" in fails[bad[0].id] or "timed out" in fails[bad[0].id]
+    assert "ZeroDivisionError" in fails[bad[1].id] and "Error" in fails[bad[2].id]
+    assert not os.path.exists(marker)  # nothing of it reached the host
+    assert state["archive"] and not ({e["genome"].get("id") for e in state["archive"].values()} & set(fails))
+    assert [h["generation"] for h in state["history"]] == [0, 1]  # and the search went on
+    assert state["history"][0]["program_failures"] == 3
+
+
+def test_the_search_runs_on_tau2_retail_with_its_integrity_gate(tmp_path):
+    from scope.personas.search import PersonaSearchConfig, evolve
+
+    cfg = PersonaSearchConfig.model_validate({
+        "run": {"dir": str(tmp_path / "ps"), "seed": 0}, "models": {"policy": {"path": "tiny-random"}},
+        "agent": {"model": "policy", "max_new_tokens": 6}, "simulator": {"model": "policy", "max_new_tokens": 6},
+        "mutator": None,
+        "env": {"name": "tau2_retail", "options": {"data_dir": shared_path("data", "tau2"), "max_steps": 4}},
+        "humans": {"data_dir": shared_path("data", "p4g")}, "max_context": 16384,
+        "search": {"generations": 1, "seeds": 2, "children": 2, "population": 2, "calibration_dialogues": 4,
+                   "bins": 2, "max_reject": 1.0, "genome": "both"}})
+    state = evolve(cfg, log=lambda s: None)
+    assert [h["generation"] for h in state["history"]] == [0, 1] and state["archive"]
+
+
+def test_human_traces_of_your_own(tmp_path):
+    from scope.config import ConfigError
+    from scope.personas.search import load_traces
+
+    f = tmp_path / "traces.jsonl"
+    f.write_text("\n".join(json.dumps({"user_turns": [f"hi {i}", "my order is late"]}) for i in range(40)))
+    h = load_traces(str(f))
+    assert len(h["train"]) == 32 and len(h["test"]) == 8  # every fifth held out
+    f.write_text('{"user_turns": "not a list"}\n')
+    with pytest.raises(ConfigError, match="user_turns"):
+        load_traces(str(f))

@@ -19,6 +19,7 @@ BUILTIN: dict[str, str] = {  # name -> the module that registers it, imported th
     "tau2_airline": "scope.envs.tau2.env",
     "lab": "scope.envs.lab",
     "coop_coding": "scope.envs.coop.env",
+    "koth": "scope.koth.env",
 }
 ENTRY_POINTS = "scope.envs"
 """Other packages add environments under this entry-point group: ``name = "package.module"`` (the module

@@ -63,13 +63,18 @@ class LocalBackend:
         return hasattr(self.model, "peft_config")
 
     def add_lora(self, name: str, r: int = 16, alpha: int = 32, dropout: float = 0.0,
-                 target_modules: Sequence[str] | str = "all-linear") -> None:
-        """Add a fresh LoRA adapter named ``name`` (B initialised to zero: it starts equal to the base)."""
+                 target_modules: Sequence[str] | str = "all-linear", layers: Sequence[int] | None = None) -> None:
+        """Add a fresh LoRA adapter named ``name`` (B initialised to zero: it starts equal to the base);
+        ``layers``: only these transformer layers (the backward pass then stops below the lowest)."""
         from peft import LoraConfig, get_peft_model
 
+        if layers is not None and target_modules == "all-linear":  # PEFT wants the names with a layer subset
+            target_modules = sorted({n.split(".")[-1] for n, m in self.model.named_modules()
+                                     if isinstance(m, torch.nn.Linear) and "lm_head" not in n and "lora_" not in n})
         cfg = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout,
                          target_modules=list(target_modules) if not isinstance(target_modules, str)
-                         else target_modules, task_type="CAUSAL_LM")
+                         else target_modules, task_type="CAUSAL_LM",
+                         layers_to_transform=list(layers) if layers is not None else None)
         if not self.is_peft:
             with warnings.catch_warnings():  # PEFT reads transformers' deprecated is_gradient_checkpointing
                 warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)

@@ -228,7 +228,9 @@ def load_frozen_adapter(ref: Any, path: str, name: str) -> Any:
     if name not in backend.adapter_names():
         pc = PeftConfig.from_pretrained(d)
         target = pc.target_modules if isinstance(pc.target_modules, str) else sorted(pc.target_modules)
-        backend.add_lora(name, r=pc.r, alpha=pc.lora_alpha, target_modules=target)
+        layers = pc.layers_to_transform
+        backend.add_lora(name, r=pc.r, alpha=pc.lora_alpha, target_modules=target,
+                         layers=[layers] if isinstance(layers, int) else layers)
         set_peft_model_state_dict(backend.model, load_peft_weights(d), adapter_name=name)
         for n, prm in backend.model.named_parameters():
             if f".{name}." in n:

@@ -162,7 +162,7 @@ def _usable(items: list, k: int) -> tuple[list[str], list[float]]:
             text, p = it, None
         else:
             continue
-        if not isinstance(text, str) or not text.strip(_JSON_PUNCT) or _PLACEHOLDER.match(text.strip()):
+        if not isinstance(text, str) or not _has_content(text) or _PLACEHOLDER.match(text.strip()):
             continue  # empty or JSON punctuation only, or the instruction's own placeholder echoed back
         texts.append(text.strip())
         probs.append(_prob(p))
@@ -172,6 +172,11 @@ def _usable(items: list, k: int) -> tuple[list[str], list[float]]:
 
 
 _JSON_PUNCT = " \t\r\n{}[]\":,"
+
+
+def _has_content(text: str) -> bool:
+    """Whether a candidate holds anything besides whitespace (any Unicode space) and JSON punctuation."""
+    return any(not c.isspace() and c not in _JSON_PUNCT for c in text)
 _LIST_KEY = re.compile(r'\{\s*"(?:responses|candidates|replies)"\s*:')
 _MAX_RESTARTS = 16  # decoding restarts at candidate-list keys: each reads at most the rest of the reply once
 

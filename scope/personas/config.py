@@ -3,7 +3,7 @@ reference dialogues, the environment, and the search's own settings (generations
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import Field, ValidationError, model_validator
@@ -19,6 +19,12 @@ class HumansConfig(Strict):
     split_seed: int = 0
     comparison: int = Field(default=48, ge=8)
     """Held-out human dialogues kept out of the coverage reference: the "real humans" row is drawn from them."""
+    traces: str | None = None
+    """Human dialogues of your own instead of P4G's (e.g. people in tau2's user seat, from ``scope study``):
+    a JSONL file, one dialogue per line, ``{"user_turns": ["...", ...]}`` (the person's own turns, in order;
+    ``split`` "train" / "test" optional, else every fifth dialogue is held out). Without it the human-likeness
+    classifier and the coverage reference are P4G's persuadees, whose style features (length, questions,
+    hedges, disclosure, punctuation) carry over to other tasks and whose topic does not."""
 
 
 class SearchConfig(Strict):
@@ -40,6 +46,12 @@ class SearchConfig(Strict):
     """Neighbours that set each human's ball in the coverage measure."""
     calibration_dialogues: int = Field(default=32, ge=4)
     """Dialogues of the default simulator (no persona) the human-likeness classifier is trained against."""
+    genome: Literal["structured", "program", "both"] = "structured"
+    """What a generator is: structured data (the safe default: nothing model-written runs), a Python program
+    run in the sandbox (``program.py``), or both kinds in one archive (half of the seeds programs)."""
+    program_rewrite_prob: float = Field(default=0.5, ge=0, le=1)
+    """With a mutator model: how often a program child is the model's rewrite of its parent (else a
+    structural change of its DATA)."""
 
     @model_validator(mode="after")
     def _desc(self):
@@ -71,10 +83,8 @@ class PersonaSearchConfig(Strict):
     def _check(self):
         if set(self.run) - {"dir", "seed"}:
             raise ValueError(f"run: unknown keys {sorted(set(self.run) - {'dir', 'seed'})} (have dir, seed)")
-        if self.env.get("name") != "p4g":
-            raise ValueError("env.name: the search needs real human dialogues to score against, and the only "
-                             "ones at hand are P4G's: use p4g (tau2 personas can be gated with "
-                             "fitness.tau2_integrity, not yet searched)")
+        if self.env.get("name") not in ("p4g", "tau2_retail", "tau2_airline"):
+            raise ValueError("env.name: the persona search plays p4g, tau2_retail or tau2_airline")
         for spec in [self.agent, self.simulator] + [x for x in (self.mutator, self.expander) if x]:
             if spec.model not in self.models:
                 raise ValueError(f"model {spec.model!r} is not defined in models")

@@ -23,8 +23,9 @@ import yaml
 from ..config import ConfigError
 from .config import PersonaSearchConfig, load_search_config  # noqa: F401 - load_search_config: callers' name
 from .features import FEATURES, fingerprint, load_p4g_humans, turn_features
-from .fitness import HumanLikeness, Standardizer, auc, density_coverage, p4g_integrity
+from .fitness import HumanLikeness, Standardizer, auc, density_coverage, p4g_integrity, tau2_integrity
 from .genome import Genome, seed_genomes
+from .program import ProgramFailure, ProgramGenome
 
 
 class Evaluator:
@@ -37,16 +38,20 @@ class Evaluator:
         from ..partners.binding import spec_binding
 
         self.cfg, self.log = cfg, log
-        self.env_cls = get_env("p4g")
+        self.env_name = cfg.env.get("name", "p4g")
+        self.env_cls = get_env(self.env_name)
         self.options = dict(cfg.env.get("options") or {})
         unknown = sorted(set(self.options) - self.env_cls.option_names())
         if unknown:
-            raise ConfigError(f"env.options: unknown options {unknown} of p4g")
+            raise ConfigError(f"env.options: unknown options {unknown} of {self.env_name}")
         try:
             self.options = self.env_cls.check_options(self.options)
         except ValueError as e:
             raise ConfigError(str(e)) from None
-        self.options.setdefault("max_turns", 3)
+        if self.env_name == "p4g":
+            self.options.setdefault("max_turns", 3)
+        else:
+            self.options.setdefault("max_steps", 8)
         self.tasks = self.env_cls.load_tasks(split, **self.options)  # whose personas the simulator plays
         refs = refs if refs is not None else frozen_refs(cfg.models, {}, cfg.seed)
         self.agent = spec_binding(cfg.agent, refs[cfg.agent.model])
@@ -54,11 +59,15 @@ class Evaluator:
         self.mutator_binding = spec_binding(cfg.mutator, refs[cfg.mutator.model]) if cfg.mutator else None
         self.expander = spec_binding(cfg.expander, refs[cfg.expander.model]) if cfg.expander else None
         self.expand_stats: dict[str, int] = {}
-        data_dir = cfg.humans.data_dir or os.environ.get("SCOPE_P4G_DATA")
-        if not data_dir:
-            raise ConfigError("humans.data_dir: set it (or SCOPE_P4G_DATA) to the P4G data directory")
-        h = load_p4g_humans(data_dir, cfg.humans.test_fraction, cfg.humans.split_seed)
-        t = self.options["max_turns"]  # people's dialogues cut to as many turns as a simulated one has
+        if cfg.humans.traces:
+            h = load_traces(cfg.humans.traces)
+        else:
+            data_dir = cfg.humans.data_dir or os.environ.get("SCOPE_P4G_DATA")
+            if not data_dir:
+                raise ConfigError("humans.data_dir: set it (or SCOPE_P4G_DATA) to the P4G data directory")
+            h = load_p4g_humans(data_dir, cfg.humans.test_fraction, cfg.humans.split_seed)
+        # people's dialogues cut to as many user turns as a simulated one has (tau2: about half its steps)
+        t = self.options.get("max_turns") or max(1, self.options.get("max_steps", 8) // 2)
         self.human_train = [d[:t] for d in h["train"]]
         test = [d[:t] for d in h["test"]]
         rng = random.Random(cfg.humans.split_seed)
@@ -95,6 +104,25 @@ class Evaluator:
     def classifier_state(self) -> dict[str, Any]:
         return {"model": self.classifier.state(), "auc": self.classifier_auc}
 
+    def expand(self, genome, n: int, rng: random.Random) -> list[dict[str, Any]]:
+        """A generator's population: a structured genome draws it here; a program runs in the sandbox, each
+        persona written for the task it will be played on (its ``task_id``)."""
+        if isinstance(genome, ProgramGenome):
+            tasks = [self.tasks[rng.randrange(len(self.tasks))] for _ in range(n)]
+            pop = genome.expand(n, rng, tasks=[t.data for t in tasks])
+            for p, t in zip(pop, tasks):
+                p["task_id"] = t.id
+            return pop
+        return genome.expand(n, rng)
+
+    def integrity(self, ep) -> str | None:
+        """Why a dialogue shows the persona broke the task (None: it did not): P4G, the persuadee stayed one and
+        used the marker; tau2, every required fact the agent asked for was said (``fitness``)."""
+        if self.env_name == "p4g":
+            return p4g_integrity(self.partner_turns(ep))
+        task = next(t for t in self.tasks if t.id == ep.task_id).data["task"]
+        return tau2_integrity(ep.messages, task)
+
     @staticmethod
     def partner_turns(ep) -> list[str]:
         return [m["content"] for m in ep.messages if m["role"] == "partner"]
@@ -117,6 +145,8 @@ class Evaluator:
                 b = Binding(id=f"sim/{persona['id']}", ref=self.sim.ref, sampling=self.sim.sampling, note=note.strip())
                 for c in range(per):
                     task = self.tasks[rng.randrange(len(self.tasks))]
+                    if persona.get("task_id"):  # written for this task
+                        task = next(t for t in self.tasks if t.id == persona["task_id"])
                     env = self.env_cls(task, random.Random(rng.random()), **self.options)
                     jobs.append(Job(env=env, episode=Episode(task_id=task.id, group_id=f"{gi}/{pi}", copy=c),
                                     refs={"agent": self.agent, "partner": b}, uid=uid))
@@ -146,7 +176,7 @@ class Evaluator:
             eps = [e for e in eps if e is not None]
             reason = None if eps else "every dialogue failed"
             for e in eps:
-                reason = reason or p4g_integrity(self.partner_turns(e))
+                reason = reason or self.integrity(e)
             if reason:
                 rejected[p["id"]] = reason
             else:
@@ -162,6 +192,77 @@ class Evaluator:
         m["descriptors"] = [m["fingerprint"][d] for d in s.descriptors]
         m["accepted_ids"] = [p["id"] for p, _ in accepted]
         return m
+
+
+def genome_from_dict(d: dict[str, Any]):
+    return ProgramGenome.from_dict(d) if d.get("kind") == "program" else Genome.from_dict(d)
+
+
+def seed_children(n: int, kind: str, rng: random.Random) -> list:
+    """Generation 0: structured genomes from the axis library, as programs too when asked (``search.genome``)."""
+    gs = seed_genomes(n, rng)
+    if kind == "program":
+        return [ProgramGenome.from_genome(g) for g in gs]
+    if kind == "both":
+        return [ProgramGenome.from_genome(g) if i % 2 else g for i, g in enumerate(gs)]
+    return gs
+
+
+class ProgramMutator:
+    """Program children: with a model and probability ``rewrite_prob``, the model's rewrite of the parent
+    (``program.REWRITE_PROMPT``; a reply without a usable program falls back); otherwise a structural change
+    of the parent's DATA (``program.mutate_program``)."""
+
+    def __init__(self, binding: Any, rewrite_prob: float = 0.5):
+        self.binding, self.rewrite_prob = binding, rewrite_prob
+        self.stats = {"structural": 0, "rewrites": 0, "unusable": 0}
+
+    def __call__(self, pairs: list, rng: random.Random) -> list:
+        from ..rollout import _chat
+        from .program import REWRITE_PROMPT, extract_program, mutate_program
+
+        out: list = []
+        asks = []
+        for p, o in pairs:
+            if self.binding is not None and rng.random() < self.rewrite_prob:
+                asks.append((len(out), p))
+            out.append(mutate_program(p, rng, o))
+            self.stats["structural"] += 1
+        if asks:
+            convs = [[{"role": "user", "content": REWRITE_PROMPT.format(source=p.source)}] for _, p in asks]
+            for (i, p), c in zip(asks, _chat(self.binding.ref, convs, self.binding.sampling)):
+                src = None if isinstance(c, BaseException) else extract_program(c.text)
+                if src is None:
+                    self.stats["unusable"] += 1
+                    continue
+                out[i] = ProgramGenome(src, parents=[p.id], ops=["rewrite"])
+                self.stats["rewrites"] += 1
+                self.stats["structural"] -= 1
+        return out
+
+
+def load_traces(path: str, every: int = 5) -> dict[str, list[list[str]]]:
+    """Human dialogues of your own (``humans.traces``, see HumansConfig): {"train": [...], "test": [...]}."""
+    if not os.path.exists(path):
+        raise ConfigError(f"humans.traces: {path} not found")
+    out: dict[str, list[list[str]]] = {"train": [], "test": []}
+    with open(path) as f:
+        for i, line in enumerate(f):
+            if not line.strip():
+                continue
+            try:
+                d = json.loads(line)
+            except ValueError:
+                raise ConfigError(f"humans.traces: line {i + 1} of {path} is not JSON") from None
+            turns = d.get("user_turns") if isinstance(d, dict) else None
+            if not isinstance(turns, list) or not all(isinstance(t, str) for t in turns) or not turns:
+                raise ConfigError(f"humans.traces: line {i + 1} of {path} has no user_turns list of texts")
+            side = d.get("split") or ("test" if i % every == every - 1 else "train")
+            out["test" if side == "test" else "train"].append(turns)
+    if len(out["train"]) < 4 or len(out["test"]) < 8:
+        raise ConfigError(f"humans.traces: {path} holds too few dialogues (train {len(out['train'])}, "
+                          f"test {len(out['test'])}; need 4 and 8 or more)")
+    return out
 
 
 def cell_of(desc: list[float], bins: int) -> str:
@@ -195,24 +296,44 @@ def evolve(cfg: PersonaSearchConfig, resume: bool = False, log: Callable[[str], 
     if mutator is None:
         mutator = ModelMutator(ev.mutator_binding, cfg.rewrite_prob) if ev.mutator_binding else StructuralMutator()
     s = cfg.search
+    program_mutator = ProgramMutator(ev.mutator_binding, s.program_rewrite_prob)
+    state.setdefault("program_failures", [])
     while state["generation"] + 1 <= s.generations:
         gen = state["generation"] + 1
         t0 = time.time()
-        elites = [Genome.from_dict(e["genome"]) for e in state["archive"].values()]
+        elites = [genome_from_dict(e["genome"]) for e in state["archive"].values()]
         if gen == 0 or not elites:
-            children = seed_genomes(s.seeds, rng)
+            children = seed_children(s.seeds, s.genome, rng)
         else:
             pairs = [(rng.choice(elites), rng.choice(elites) if len(elites) > 1 else None) for _ in range(s.children)]
-            children = mutator(pairs, rng)
-        pops = [c.expand(s.population, random.Random(rng.random())) for c in children]
+            structured = [(p, o if isinstance(o, Genome) else None) for p, o in pairs if isinstance(p, Genome)]
+            programs = [(p, o) for p, o in pairs if isinstance(p, ProgramGenome)]
+            children = (mutator(structured, rng) if structured else []) + program_mutator(programs, rng)
+        pops, failed = [], {}
+        for c in children:
+            try:
+                pops.append(ev.expand(c, s.population, random.Random(rng.random())))
+            except ProgramFailure as e:  # a program that fails, loops or escapes: scored 0, counted
+                failed[c.id] = str(e)
+                pops.append([])
+        if failed:
+            state["program_failures"] += [{"generation": gen, "id": k, "reason": v} for k, v in failed.items()]
+            log(f"generation {gen}: {len(failed)} program(s) failed in the sandbox: "
+                + "; ".join(f"{k}: {v[:80]}" for k, v in failed.items()))
         if ev.expander is not None:
             from .mutate import expand_with_model
 
             flat = expand_with_model([p for pop in pops for p in pop], ev.expander, ev.expand_stats)
-            pops = [flat[i * s.population:(i + 1) * s.population] for i in range(len(pops))]
+            sizes, at = [len(pop) for pop in pops], 0
+            pops = []
+            for n in sizes:  # (a failed program's population is empty)
+                pops.append(flat[at:at + n])
+                at += n
         episodes = ev.play(pops, seed=rng.randrange(2 ** 31))
         placed = 0
         for c, pop, eps in zip(children, pops, episodes):
+            if c.id in failed:
+                continue
             m = ev.score_population(pop, eps)
             if m["status"] != "ok":
                 state["rejected"] += 1
@@ -226,6 +347,7 @@ def evolve(cfg: PersonaSearchConfig, resume: bool = False, log: Callable[[str], 
                 placed += 1
         best = max(state["archive"].values(), key=lambda e: e["metrics"]["fitness"], default=None)
         row = {"generation": gen, "children": len(children), "placed": placed, "elites": len(state["archive"]),
+               "programs": sum(isinstance(c, ProgramGenome) for c in children), "program_failures": len(failed),
                "seconds": round(time.time() - t0, 1),
                "best_fitness": best["metrics"]["fitness"] if best else None,
                "best_human": best["metrics"]["human"] if best else None,
