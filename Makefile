@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo demo-p4g lab lab-quick test lint test-lab test-soak test-scale test-browser test-study-pg browser-env scale-env gpu-check bench clean
+.PHONY: install demo demo-p4g lab lab-quick test lint test-lab test-soak test-scale test-browser test-study-pg browser-env scale-env gpu-check bench koth-skills koth-tournament clean
 
 install: $(STAMP)
 
@@ -30,6 +30,14 @@ lab-quick: install
 
 lab: install
 	$(VENV)/bin/scope lab --out runs/lab
+
+# King of the Hill: retrain the PPO skills and the flat team into the cache (the package ships a trained set),
+# then the tournament of the README (bt, flat, random and the embedded SmolLM2 as the controller).
+koth-skills: install
+	$(VENV)/bin/scope koth train
+
+koth-tournament: install
+	$(VENV)/bin/scope koth tournament --teams llm,bt,flat,random --games 40 --out runs/koth
 
 test: install
 	$(PY) -m pytest -q

@@ -258,7 +258,7 @@ def cmd_sim(args: argparse.Namespace) -> int:
 
 def cmd_envsim(args: argparse.Namespace) -> int:
     from .envsim import bench
-    from .envsim.simulate import ExactSimulator, ModelSimulator, NoChangeSimulator, NoisyOracle
+    from .envsim.simulate import ExactSimulator, ModelSimulator, NoChangeSimulator, NoisyOracle, Simulator
 
     try:
         samples = bench.load_bench(args.data_dir)
@@ -267,7 +267,7 @@ def cmd_envsim(args: argparse.Namespace) -> int:
         return 2
     if args.limit:
         samples = samples[::max(1, len(samples) // args.limit)][:args.limit]  # spread over the strata
-    sims = []
+    sims: list[Simulator] = []
     for kind in args.simulator or ["model"]:
         if kind == "exact":
             sims.append(ExactSimulator())
@@ -301,7 +301,7 @@ def cmd_koth(args: argparse.Namespace) -> int:
         from .koth.skills import train as train_skills
 
         steps = {k: v for k, v in (("skill", args.skill_steps), ("flat", args.flat_steps)) if v}
-        paths = train_skills(steps=steps or None, log=lambda s: print(s, flush=True))
+        paths = train_skills(steps=steps or None, out=args.out, log=lambda s: print(s, flush=True))
         print("\n".join(f"{k}: {v}" for k, v in paths.items()))
         return 0
     if args.koth_cmd == "replay":
@@ -429,6 +429,8 @@ def main(argv: list[str] | None = None) -> int:
     kt = ks.add_parser("train", help="train the four RL skills and the flat RL team with PPO (cached)")
     kt.add_argument("--skill-steps", type=int, help="environment steps per skill")
     kt.add_argument("--flat-steps", type=int, help="environment steps of the flat team")
+    kt.add_argument("--out", help="where to write them (default $SCOPE_CACHE/koth/<settings hash>; the package "
+                                  "ships a trained set, used while it matches the settings)")
     kn = ks.add_parser("tournament", help="every pair of teams for N games: win rates, intervals, tests")
     kn.add_argument("--teams", default="bt,flat,random,llm",
                     help="comma-separated: bt, flat, random, llm (the base model), llm:<checkpoint>")

@@ -80,8 +80,8 @@ def test_the_constrained_mode_catches_what_the_tools_cannot_do(bench):
     assert any("no tool turns status" in v for v in violations(write, bad))
     assert any("a number where" in v or "where the field holds" in v
                for v in violations(write, [dict(status, value=3)]))
-    assert any("not among the records" in v
-               for v in violations(write, [{"type": "modify", "path": "orders.#W0000000.status", "value": "cancelled"}]))
+    unknown = {"type": "modify", "path": "orders.#W0000000.status", "value": "cancelled"}
+    assert any("not among the records" in v for v in violations(write, [unknown]))
     read = next(s for s in bench if s["tool"] == "get_order_details")
     assert any("read tool" in v for v in violations(read, write["changes"]))
     gift = next((s for s in bench if any(c["path"].endswith(".balance") for c in s["changes"])), None)

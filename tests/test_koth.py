@@ -14,7 +14,7 @@ S, U, D, L, R = range(5)
 def test_a_scripted_scenario_scores_as_computed_by_hand():
     g = Games(1, noise=0.0)
     # team 0 walks both units right; team 1 stays at its spawns
-    for t in range(3):
+    for _ in range(3):
         g.step([[R, R, S, S]])
         assert g.score.tolist() == [[0, 0]]  # x = 1, 2, 3: not yet on the hill (it starts at x = 4)
     g.step([[R, R, S, S]])
@@ -66,6 +66,28 @@ def test_trained_skills_and_the_flat_team_load_and_act(tmp_path):
     assert r.shape == (4,)
     with pytest.raises(FileNotFoundError, match="scope koth train"):
         load_models(["capture"], out=str(tmp_path / "empty"), train_missing=False)
+
+
+def test_the_shipped_skills_are_used_while_their_settings_hold_and_beat_the_tree(tmp_path, monkeypatch):
+    from scope.koth import skills
+    from scope.koth.policies import FlatTeam
+
+    monkeypatch.setenv("SCOPE_CACHE", str(tmp_path))  # an empty cache: nothing trained here
+    assert skills.model_dir() == skills.SHIPPED
+    models = skills.load_models(train_missing=False)
+    r = play(Games(20, seed=3), (FlatTeam(models["flat"]), bt_team()))
+    assert r.mean() > 0.5  # the shipped flat team was trained against the behaviour tree, and beats it
+    monkeypatch.setattr(skills, "SKILLS_VERSION", skills.SKILLS_VERSION + 1)
+    assert skills.model_dir() == skills.cache_dir()  # other settings: not the shipped set
+
+
+def test_the_score_interval_stays_inside_zero_and_one():
+    from scope.koth.tournament import stats, wilson
+
+    lo, hi = stats([1.0] * 200)["ci95"]
+    assert hi == 1.0 and 0.97 < lo < 1.0
+    lo, hi = wilson(0.5, 100)
+    assert abs(lo - 0.404) < 0.002 and abs(hi - 0.596) < 0.002
 
 
 @pytest.mark.parametrize("text,want", [

@@ -271,7 +271,8 @@ def test_looping_crashing_and_escaping_programs_score_zero_and_the_search_goes_o
     from scope.personas.search import evolve
 
     marker = f"/tmp/scope-escaped-{os.getpid()}"
-    bad = [ProgramGenome(LOOPING), ProgramGenome(CRASHING), ProgramGenome(ESCAPING.replace("{marker}", str(os.getpid())))]
+    bad = [ProgramGenome(LOOPING), ProgramGenome(CRASHING),
+           ProgramGenome(ESCAPING.replace("{marker}", str(os.getpid())))]
     real_seed = search_mod.seed_children
 
     def seeds(n, kind, rng):  # the search starts from the bad programs beside good ones

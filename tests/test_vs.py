@@ -248,7 +248,8 @@ def test_json_punctuation_alone_is_no_candidate(raw):
     lambda n: '{"responses": [{"text": "' * n + '{"responses": []}',
     lambda n: "[" * (20 * n), lambda n: "{" * (10 * n) + "}" * (10 * n),
     lambda n: '{"responses": [' * (2 * n) + "]}" * (2 * n),
-    lambda n: '{"text": "' * (2 * n), lambda n: '"text": "a", ' * (2 * n), lambda n: "[" * (10 * n) + '{"text": "x"}' + "]" * (10 * n),
+    lambda n: '{"text": "' * (2 * n), lambda n: '"text": "a", ' * (2 * n),
+    lambda n: "[" * (10 * n) + '{"text": "x"}' + "]" * (10 * n),
     lambda n: '"\\' * (10 * n), lambda n: '["\\' * (7 * n), lambda n: '"' * (20 * n)])
 def test_parsing_is_linear_in_the_reply_length(make):
     """Four times the reply costs about four times the time, not sixteen (each size timed at its best of

@@ -117,7 +117,8 @@ def table(results: list[dict[str, Any]]) -> str:
                      f"{o['cm_lenient']:.3f} |")
         for a in AXES:
             for v, r in s["axes"][a].items():
-                lines.append(f"| | {a} = {v} | {r['n']} | {r['fm']:.3f} | {r['cm_strict']:.3f} | {r['cm_lenient']:.3f} |")
+                lines.append(f"| | {a} = {v} | {r['n']} | {r['fm']:.3f} | {r['cm_strict']:.3f} | "
+                             f"{r['cm_lenient']:.3f} |")
     for res in results:
         c = res["summary"].get("cliff")
         if c:

@@ -90,7 +90,7 @@ class SimulatedTools:
             system += "\n\nThe system's policy:\n" + policy
         env.views["envsim"] = [{"role": "system", "content": system}]
 
-    def call(self, name: str, args: dict) -> None:
+    def call(self, name: str, args: Any) -> None:
         """The agent called a tool: run the exact one, and ask the simulator."""
         exact = run_call(self.domain, self.env.db, name, args)
         keys = {(t, k) for t, recs in exact["state"].items() for k in recs} | \
@@ -116,6 +116,7 @@ class SimulatedTools:
                                              + "\n- ".join(problems) + "\nAnswer again with the corrected JSON."})
             return None
         label: dict[str, Any] = {"tool": p["name"], "repaired": p["repaired"]}
+        changes: list[dict[str, Any]]
         if fb is None:
             result, changes, label["unreadable"] = UNREADABLE, [], True
         elif problems:

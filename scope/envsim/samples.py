@@ -160,7 +160,8 @@ def axes(sample: dict[str, Any]) -> dict[str, str]:
     kind = DOMAINS[sample["domain"]][sample["tool"]].kind
     h = len(sample["history"])
     return {"changes": "3+" if n >= 3 else str(n), "kind": "write" if kind == "write" else "read",
-            "history": "0" if h == 0 else "1-2" if h <= 2 else "3+", "failure": "failure" if sample["failure"] else "ok"}
+            "history": "0" if h == 0 else "1-2" if h <= 2 else "3+",
+            "failure": "failure" if sample["failure"] else "ok"}
 
 
 ADDRESS = ("address1", "address2", "city", "state", "country", "zip")

@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 import json
 import random
-from typing import Any
+from typing import Any, Protocol
 
 from ..envs.tau2.tools import DOMAINS
 from ..textjson import first_json
@@ -62,6 +62,14 @@ def feedback_match(pred: str | None, true: str) -> bool:
         return canon(json.loads(pred)) == canon(json.loads(true))
     except (ValueError, TypeError):
         return pred.strip() == true.strip()
+
+
+class Simulator(Protocol):
+    """What the bench runs (``bench.run``): a name, and a prediction for each sample."""
+
+    name: str
+
+    def predict(self, samples: list[dict[str, Any]]) -> list[dict[str, Any]]: ...
 
 
 class ExactSimulator:
@@ -219,8 +227,8 @@ class ModelSimulator:
             chunk = samples[i:i + batch]
             convs = [prompt(s, self.policy) for s in chunk]
             replies = self._ask(convs)
-            preds = []
-            for s, conv, (text, n) in zip(chunk, convs, replies):
+            preds: list[dict[str, Any]] = []
+            for _s, conv, (text, n) in zip(chunk, convs, replies):
                 fb, ch = parse(text)
                 preds.append({"feedback": fb, "changes": ch or [], "tokens": n, "calls": 1, "reply": text[:2000],
                               "conv": conv, "raw_changes": ch})

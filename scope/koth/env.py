@@ -65,6 +65,7 @@ def make_team(kind: str, skills: str = "rl", seed: int = 0):
     if kind == "bt":
         return bt_team()
     if kind == "flat":
+        assert models is not None, "koth: the flat team needs the RL models (skills=rl)"
         return FlatTeam(models["flat"])
     if kind == "random":
         return SkillTeam("random picker", random_picker(seed), {s: models[s] for s in SKILLS} if models else None,

@@ -18,6 +18,7 @@ policies a batch of games is reproducible.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
@@ -34,7 +35,8 @@ N_UNITS = 4
 
 def on_hill(pos: np.ndarray) -> np.ndarray:
     """Whether each position (..., 2) lies on the hill."""
-    return ((pos >= HILL[0]) & (pos < HILL[1])).all(-1)
+    # a numpy bool (not an array) for a single position, which works alike for every caller
+    return cast(np.ndarray, ((pos >= HILL[0]) & (pos < HILL[1])).all(-1))
 
 
 @dataclass
@@ -109,7 +111,8 @@ class Games:
 
     def result(self) -> np.ndarray:
         """Per game: 1.0 if team 0 won, 0.0 if team 1 won, 0.5 for a draw."""
-        return np.where(self.score[:, 0] > self.score[:, 1], 1.0, np.where(self.score[:, 0] < self.score[:, 1], 0.0, 0.5))
+        return np.where(self.score[:, 0] > self.score[:, 1], 1.0,
+                        np.where(self.score[:, 0] < self.score[:, 1], 0.0, 0.5))
 
 
 def render(g: Games, i: int = 0, team: int = 0) -> str:

@@ -22,7 +22,8 @@ def record(teams: tuple, seed: int = 0) -> dict[str, Any]:
     for t in teams:
         t.reset()
     while not g.done:
-        frames.append({"pos": g.pos[0].tolist(), "out": g.out[0].tolist(), "score": g.score[0].tolist(), "tick": g.tick})
+        frames.append({"pos": g.pos[0].tolist(), "out": g.out[0].tolist(), "score": g.score[0].tolist(),
+                       "tick": g.tick})
         a = np.zeros((1, N_UNITS), dtype=np.int64)
         a[:, mine(0)] = teams[0].act(g, 0)
         a[:, mine(1)] = teams[1].act(g, 1)

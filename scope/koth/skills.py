@@ -9,16 +9,16 @@ against the behaviour tree and is paid the team's points minus the enemy's, plus
 with the same number of environment steps as the four skills together.
 
 Models are saved under ``$SCOPE_CACHE/koth/<hash of these settings>/`` and reused (``scope koth train``
-trains them; ``load_models`` trains whatever is missing).
+trains them; ``load_models`` trains whatever is missing); the package ships a trained set (``trained/``),
+used while its manifest's hash is the current one.
 """
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
 import os
-import sys
 import time
+from functools import partial
 from typing import Any, Callable
 
 import numpy as np
@@ -27,7 +27,8 @@ from .game import N_UNITS, Games, on_hill
 from .policies import SKILLS, bt_skills, mine, observation, scripted_action
 
 STEPS = {"skill": 60_000, "flat": 240_000}
-PPO = {"n_steps": 256, "batch_size": 256, "learning_rate": 3e-4, "gamma": 0.97, "n_epochs": 6, "ent_coef": 0.01}
+PPO: dict[str, Any] = {"n_steps": 256, "batch_size": 256, "learning_rate": 3e-4, "gamma": 0.97, "n_epochs": 6,
+                       "ent_coef": 0.01}
 N_ENVS = 8
 OBS_DIM = observation(Games(1), 0).shape[1]
 
@@ -41,7 +42,7 @@ def _bt_actions(g: Games) -> np.ndarray:
     return a
 
 
-def SKILL_REWARD(skill: str, g: Games, before: dict[str, np.ndarray]) -> float:
+def SKILL_REWARD(skill: str, g: Games, before: dict[str, Any]) -> float:
     u = 0
     tagged = float(g.tagged[0, u] - before["tagged"])
     tags = float(g.tags[0, u] - before["tags"])
@@ -125,16 +126,40 @@ def make_env_classes():
     return SkillEnv, FlatEnv
 
 
+SKILLS_VERSION = 1
+"""Bump when a skill's reward, an environment above, the observation or the game's rules change: the models
+are cached (and shipped) under a hash of this and of the training settings, not of the source text, so
+that an edit that changes nothing they learn does not retrain them."""
+SHIPPED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "trained")
+"""Models shipped with the package (``manifest.json`` names the settings hash they were trained under)."""
+
+
 def settings_hash() -> str:
-    src = inspect.getsource(sys.modules[__name__]) + inspect.getsource(sys.modules["scope.koth.game"]) + \
-        inspect.getsource(sys.modules["scope.koth.policies"])
-    return hashlib.sha256((src + json.dumps([STEPS, PPO, N_ENVS])).encode()).hexdigest()[:12]
+    from .game import HILL, RESPAWN, SIZE, TICKS
+
+    blob = json.dumps([SKILLS_VERSION, STEPS, PPO, N_ENVS, OBS_DIM, SIZE, HILL, TICKS, RESPAWN, list(SKILLS)])
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
-def model_dir() -> str:
+def cache_dir() -> str:
     from ..models.local import cache_root
 
     return os.path.join(cache_root(), "koth", settings_hash())
+
+
+def model_dir() -> str:
+    """Where the models are: the cache when it holds a full set trained under these settings (``scope koth
+    train``), else the shipped set when its manifest names these settings, else the cache (to train into)."""
+    names = list(SKILLS) + ["flat"]
+    if all(os.path.exists(os.path.join(cache_dir(), f"{n}.zip")) for n in names):
+        return cache_dir()
+    try:
+        with open(os.path.join(SHIPPED, "manifest.json")) as f:
+            if json.load(f).get("settings_hash") == settings_hash():
+                return SHIPPED
+    except (OSError, ValueError):
+        pass
+    return cache_dir()
 
 
 def train(names: list[str] | None = None, steps: dict[str, int] | None = None, out: str | None = None, seed: int = 0,
@@ -147,7 +172,7 @@ def train(names: list[str] | None = None, steps: dict[str, int] | None = None, o
     torch.set_num_threads(1)
     SkillEnv, FlatEnv = make_env_classes()
     steps = {**STEPS, **(steps or {})}
-    out = out or model_dir()
+    out = out or cache_dir()
     os.makedirs(out, exist_ok=True)
     paths = {}
     for name in names or list(SKILLS) + ["flat"]:
@@ -157,10 +182,10 @@ def train(names: list[str] | None = None, steps: dict[str, int] | None = None, o
             continue
         t0 = time.time()
         if name == "flat":
-            env = DummyVecEnv([lambda i=i: FlatEnv(seed + 1000 + i) for i in range(N_ENVS)])
+            env = DummyVecEnv([partial(FlatEnv, seed + 1000 + i) for i in range(N_ENVS)])
             n = steps["flat"]
         else:
-            env = DummyVecEnv([lambda i=i: SkillEnv(name, seed + 10 * SKILLS.index(name) + i) for i in range(N_ENVS)])
+            env = DummyVecEnv([partial(SkillEnv, name, seed + 10 * SKILLS.index(name) + i) for i in range(N_ENVS)])
             n = steps["skill"]
         model = Algo("MlpPolicy", env, seed=seed, verbose=0, device="cpu", **PPO)
         model.learn(total_timesteps=n)

@@ -6,9 +6,9 @@ reference), and ``llm:<checkpoint>`` (a ``scope train`` checkpoint of the contro
 GRPO on the koth environment). Games between fixed teams run as one numpy batch; games with an LLM run
 through scope's rollout engine (the koth environment), batched across games.
 
-Per pair: wins, draws and losses of the first team, its score (a draw counts half) with a 95% interval
-(normal approximation over games), and a two-sided exact binomial test of its wins against its losses
-(draws left out: is it better than an even match?). For two teams against the same opponents, a two-sided
+Per pair: wins, draws and losses of the first team, its score (a draw counts half) with a 95% Wilson
+interval over games (it stays inside [0, 1] at 200-0), and a two-sided exact binomial test of its wins against
+its losses (draws left out: is it better than an even match?). For two teams against the same opponents, a two-sided
 two-proportion z-test compares their win rates (the comparison the source work reports, LLM+RL against the
 behaviour tree; the source does not name its test).
 """
@@ -35,10 +35,18 @@ def stats(results: list[float]) -> dict[str, Any]:
     r = np.array(results, dtype=float)
     wins, draws, losses = int((r == 1).sum()), int((r == 0.5).sum()), int((r == 0).sum())
     mean = float(r.mean()) if len(r) else float("nan")
-    se = float(r.std(ddof=1) / math.sqrt(len(r))) if len(r) > 1 else float("nan")
     p = binomtest(wins, wins + losses, 0.5).pvalue if wins + losses else float("nan")
     return {"games": len(r), "wins": wins, "draws": draws, "losses": losses, "score": mean,
-            "ci95": [mean - 1.96 * se, mean + 1.96 * se], "p_even": float(p)}
+            "ci95": wilson(mean, len(r)), "p_even": float(p)}
+
+
+def wilson(p: float, n: int, z: float = 1.96) -> list[float]:
+    """The Wilson score interval of a proportion ``p`` over ``n`` trials."""
+    if n == 0:
+        return [float("nan"), float("nan")]
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return [max(0.0, centre - half), min(1.0, centre + half)]
 
 
 def two_proportion(a: dict[str, Any], b: dict[str, Any]) -> float:

@@ -261,7 +261,7 @@ def parse_judgement(text: str, n: int) -> list[bool] | None:
 
 class Tau2Env(Env):
     domain = "retail"
-    roles = ("agent", "partner")
+    roles: tuple[str, ...] = ("agent", "partner")
 
     def __init__(self, task: Task, rng: random.Random, data_dir: str | None = None, max_steps: int = 100,
                  max_errors: int = 10, agent_stop: bool = True, upstream_quirks: bool = True,
@@ -325,9 +325,9 @@ class Tau2Env(Env):
         self.turns[role] += 1
         if role == "envsim":
             assert self.sim is not None
-            result = self.sim.on_reply(text)
-            if result is not None:
-                self._tool_result(self.sim.last_name, self.sim.last_args, result, self.sim.last_error)
+            reply = self.sim.on_reply(text)
+            if reply is not None:
+                self._tool_result(self.sim.last_name, self.sim.last_args, reply, self.sim.last_error)
             return
         if role == "partner":
             self.say("partner", text)
