@@ -48,6 +48,11 @@ def test_adversarial_cooperative_and_registered_rewards():
     assert [e.rewards["partner"] for e in eps] == [-3.0, 1.0]
     apply_partner_reward("cooperative", eps, "partner")
     assert [e.rewards["partner"] for e in eps] == [3.0, -1.0]
+    cut = eps_with({"g": [0.0, 0.0, 0.5]})  # a partner that ends dialogues by rambling to its token limit
+    cut[0].meta["truncated_replies"] = {"partner": 1}
+    cut[1].meta["truncated_replies"] = {"agent": 1}  # the agent's own cut reply is not the partner's doing
+    apply_partner_reward("adversarial", cut, "partner")
+    assert [e.rewards["partner"] for e in cut] == pytest.approx([0.0, 1.0, 0.5])
 
     @register_reward("test_double")
     def double(episodes, role, agent="agent"):
