@@ -10,6 +10,8 @@ opponent is a partner like any other. Reward (``reward``): ``win`` (1 a win, 0.5
 ``score`` (the team's share of the points); the partner gets the complement.
 
 Tasks are game seeds: ``train`` seeds 0-999, ``test`` 10000-10199; the agent's side alternates with the seed.
+With ``team`` other than ``llm`` the agent's side is a fixed team (``bt``, ``flat``, ``random``) and the whole
+game is played when the environment is made (a replay to show people: ``frames`` holds every tick).
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ import numpy as np
 
 from ..envs.base import Env, register_env
 from ..types import Task
-from .game import N_UNITS, TICKS, Games, render
+from .game import N_UNITS, SIZE, TICKS, Games, render
 from .policies import SKILLS, FlatTeam, SkillTeam, bt_team, mine, random_picker
 
 SYSTEM = f"""You command a team of two units in King of the Hill, a game on an 11 x 11 grid. Your units are \
@@ -76,14 +78,17 @@ def make_team(kind: str, skills: str = "rl", seed: int = 0):
 @register_env("koth")
 class KingOfTheHill(Env):
     roles = ("agent", "partner")
+    chat = False  # the agent's replies are commands (the study app keeps them and does not show them)
 
     def __init__(self, task: Task, rng: random.Random, opponent: str = "bt", every: int = 10, ticks: int = TICKS,
-                 reward: str = "win", skills: str = "rl", noise: float = 0.1, **_: Any):
+                 reward: str = "win", skills: str = "rl", noise: float = 0.1, team: str = "llm", **_: Any):
         super().__init__(task, rng)
         if reward not in ("win", "score"):
             raise ValueError(f"koth: reward must be win or score, not {reward!r}")
         if skills not in ("rl", "scripted"):
             raise ValueError(f"koth: skills must be rl or scripted, not {skills!r}")
+        if team not in ("llm", "bt", "flat", "random"):
+            raise ValueError(f"koth: team must be llm, bt, flat or random, not {team!r}")
         self.every, self.reward_kind = every, reward
         self.side = int(task.data["side"])
         self.g = Games(1, ticks=ticks, seed=int(task.data["seed"]), noise=noise)
@@ -91,8 +96,11 @@ class KingOfTheHill(Env):
         sk = {s: models[s] for s in SKILLS} if models else None
         self.teams: dict[int, Any] = {}
         self.llm_skills: dict[str, list[int]] = {"agent": [0, 0], "partner": [0, 0]}
-        self.teams[self.side] = SkillTeam("llm", lambda g, t: np.array([self.llm_skills["agent"]]), sk)
-        self.opponent = opponent
+        if team == "llm":
+            self.teams[self.side] = SkillTeam("llm", lambda g, t: np.array([self.llm_skills["agent"]]), sk)
+        else:
+            self.teams[self.side] = make_team(team, skills, seed=int(task.data["seed"]) + 1)
+        self.team, self.opponent = team, opponent
         if opponent == "partner":
             self.teams[1 - self.side] = SkillTeam("llm", lambda g, t: np.array([self.llm_skills["partner"]]), sk)
         else:
@@ -102,12 +110,15 @@ class KingOfTheHill(Env):
         self.bad = {"agent": 0, "partner": 0}
         self.answered: dict[str, bool] = {}
         self.history: list[dict[str, Any]] = []
-        for role, team in (("agent", self.side), ("partner", 1 - self.side)):
+        self.frames: list[dict[str, Any]] = []
+        for role, side in (("agent", self.side), ("partner", 1 - self.side)):
             self.views[role] = [{"role": "system", "content": SYSTEM},
-                                {"role": "user", "content": render(self.g, 0, team)}]
+                                {"role": "user", "content": render(self.g, 0, side)}]
+        if not self._llm_roles():
+            self._play(ticks)
 
     def _llm_roles(self) -> list[str]:
-        return ["agent", "partner"] if self.opponent == "partner" else ["agent"]
+        return [r for r, llm in (("agent", self.team == "llm"), ("partner", self.opponent == "partner")) if llm]
 
     def next_roles(self) -> list[str]:
         if self.done:
@@ -138,15 +149,27 @@ class KingOfTheHill(Env):
         for _ in range(n):
             if self.g.done:
                 break
+            self.frames.append(self.frame())
             a = np.zeros((1, N_UNITS), dtype=np.int64)
             for team, t in self.teams.items():
                 a[:, mine(team)] = t.act(self.g, team)
             self.g.step(a)
         if self.g.done:
+            self.frames.append(self.frame())
+        if self.g.done:
             self.finish("game_over")
             return
         for role, team in (("agent", self.side), ("partner", 1 - self.side)):
             self.views[role].append({"role": "user", "content": render(self.g, 0, team)})
+
+    def frame(self) -> dict[str, Any]:
+        """The game now, from the agent's side (its units first): positions, who is out, the score."""
+        order = mine(self.side) + mine(1 - self.side)
+        pos = self.g.pos[0, order].copy()
+        if self.side == 1:  # mirrored, so that the agent's team always starts on the left
+            pos[:, 0] = SIZE - 1 - pos[:, 0]
+        return {"tick": int(self.g.tick), "pos": pos.tolist(), "out": self.g.out[0, order].tolist(),
+                "score": [int(self.g.score[0, self.side]), int(self.g.score[0, 1 - self.side])]}
 
     def rewards(self) -> dict[str, float]:
         mine_pts, theirs_pts = int(self.g.score[0, self.side]), int(self.g.score[0, 1 - self.side])

@@ -77,10 +77,12 @@ class StudyAgent:
             ref = OpenAIRef.from_config(name, spec.endpoint, seed)
             self.binding = Binding(id=name, ref=ref, sampling=sampling)
             self.max_context = None
-        else:
-            self.binding = Binding(id=name, ref=ScriptedRef(name, spec.scripted or []), sampling=sampling)
+        else:  # scripted replies; a fixed King of the Hill team never speaks
+            self.binding = Binding(id=name, ref=ScriptedRef(name, spec.scripted or [""]), sampling=sampling)
             self.max_context = None
         options.update(task_type.options)
+        if task_type.env == "koth":
+            options["team"] = spec.team or "llm"
         if task_type.env == "p4g":  # a person decides on their own: the study's turn cap, no forced decision
             options.update(max_turns=task_type.turn_cap(), force_decision=False)
         self.options = {k: v for k, v in options.items() if k in self.env_cls.option_names()}

@@ -26,10 +26,12 @@ from typing import Any
 import numpy as np
 
 from . import store
+from .config import kind_of
 from .survey import composite, items
 
 BINARY = {"task_success", "goal_abandoned", "transferred", "finished"}
-DEFAULT_OUTCOMES = {"tau2": ["task_success", "reward", "satisfaction"], "p4g": ["donation", "experience"]}
+DEFAULT_OUTCOMES = {"tau2": ["task_success", "reward", "satisfaction"], "p4g": ["donation", "experience"],
+                    "koth": ["humanlike", "believability"]}
 _ASK = re.compile(r"\b(donat\w*|give|giving|contribut\w*|chip in|spare)\b", re.IGNORECASE)
 
 
@@ -105,7 +107,7 @@ def tau2_grade(sess: store.StudySession, turns: list[store.Turn]) -> dict[str, A
 
 def session_outcomes(sess: store.StudySession, turns: list[store.Turn], survey: store.Survey | None
                      ) -> dict[str, Any]:
-    kind = "p4g" if sess.env == "p4g" else "tau2"
+    kind = kind_of(sess.env)
     o: dict[str, Any] = {"session": sess.id, "condition": sess.condition, "task_type": sess.task_type,
                          "kind": kind, "task_id": sess.task_id, "end_reason": sess.end_reason,
                          "finished": 1.0 if survey is not None else 0.0, "user_turns": sess.user_turns}
@@ -119,6 +121,14 @@ def session_outcomes(sess: store.StudySession, turns: list[store.Turn], survey: 
         o["goal_abandoned"] = 1.0 if sess.end_reason == "participant" and g["reward"] < 1.0 else 0.0
         if answers:
             o["satisfaction"] = composite("tau2", answers)
+    elif kind == "koth":
+        rec = next((t for t in turns if t.kind == "replay"), None)
+        if rec is not None:
+            meta = json.loads(rec.meta)
+            o["result"] = float(meta["result"])
+            o["score_share"] = meta["score"][0] / max(1, sum(meta["score"]))
+        if answers:
+            o["believability"] = composite("koth", answers)
     else:
         o["agent_turns"] = len(agent_msgs)
         o["donation_asks"] = sum(bool(_ASK.search(m)) for m in agent_msgs)
@@ -143,6 +153,8 @@ def collect(engine) -> list[dict[str, Any]]:
 def outcome_names(kind: str) -> list[str]:
     if kind == "tau2":
         base = ["reward", "task_success", "satisfaction", "user_turns", "goal_abandoned", "transferred"]
+    elif kind == "koth":
+        base = ["believability", "result", "score_share"]
     else:
         base = ["donation", "experience", "agent_turns", "donation_asks", "user_turns"]
     return base + [i["id"] for i in items(kind)] + ["finished"]

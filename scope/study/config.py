@@ -7,7 +7,12 @@ policies compared). Each condition names, for every task type, the agent that pl
   its config's agent model, adapter, sampling, note and environment options are used as they were in
   training; ``config``/``set`` override them as in ``scope eval``;
 - ``endpoint``: any OpenAI-compatible endpoint (``scope serve``, vLLM, a hosted API);
-- ``scripted``: replies said in turn (a pilot or a test of the app without a model).
+- ``scripted``: replies said in turn (a pilot or a test of the app without a model);
+- ``team`` (King of the Hill only): a fixed team, ``bt``, ``flat`` or ``random``.
+
+A King of the Hill task type (``env: koth``) has no chat: the participant watches one game played by the
+condition's team (blue; an LLM controller through ``policy``/``endpoint``, or a fixed ``team``) against the
+task type's ``options.opponent`` (red), then rates how human-like the blue team played.
 """
 from __future__ import annotations
 
@@ -35,15 +40,17 @@ class AgentSpec(Strict):
     """``backend: openai`` with ``base_url`` and ``model_name``."""
     scripted: list[str] | None = None
     """Replies given in turn, cycling (tool calls included, in the environment's own format)."""
+    team: Literal["bt", "flat", "random"] | None = None
+    """King of the Hill: a fixed team instead of an LLM controller."""
     temperature: float | None = Field(default=None, ge=0)
     """The agent's sampling temperature in the study (default: its training temperature)."""
     max_new_tokens: int | None = Field(default=None, ge=1)
 
     @model_validator(mode="after")
     def _one_kind(self):
-        kinds = [k for k in ("policy", "endpoint", "scripted") if getattr(self, k) is not None]
+        kinds = [k for k in ("policy", "endpoint", "scripted", "team") if getattr(self, k) is not None]
         if len(kinds) != 1:
-            raise ValueError(f"an agent is exactly one of policy, endpoint or scripted (got {kinds or 'none'})")
+            raise ValueError(f"an agent is exactly one of policy, endpoint, scripted or team (got {kinds or 'none'})")
         if self.endpoint is not None and self.endpoint.backend != "openai":
             raise ValueError("endpoint: set backend: openai, base_url and model_name")
         if self.scripted is not None and not self.scripted:
@@ -52,7 +59,7 @@ class AgentSpec(Strict):
 
 
 class TaskType(Strict):
-    env: Literal["tau2_retail", "tau2_airline", "p4g"]
+    env: Literal["tau2_retail", "tau2_airline", "p4g", "koth"]
     split: str = "test"
     options: dict[str, Any] = {}
     """Environment options (``data_dir``, ``personas``, ...); they override the checkpoint's."""
@@ -62,11 +69,18 @@ class TaskType(Strict):
     """Messages a participant may send (default: tau2 30, P4G 10)."""
 
     def turn_cap(self) -> int:
+        if self.env == "koth":
+            return 0  # no chat: the participant watches a game
         return self.max_turns or (10 if self.env == "p4g" else 30)
 
     @property
     def kind(self) -> str:
-        return "p4g" if self.env == "p4g" else "tau2"
+        return kind_of(self.env)
+
+
+def kind_of(env: str) -> str:
+    """The study's kind of a task type's environment: p4g, tau2 or koth (which survey, panel and outcomes)."""
+    return env if env in ("p4g", "koth") else "tau2"
 
 
 class AnalysisConfig(Strict):
@@ -130,6 +144,10 @@ class StudyConfig(Strict):
                 raise ValueError(f"condition {c!r}: needs an agent for every task type {sorted(self.tasks)}"
                                  + (f"; missing {missing}" if missing else "")
                                  + (f"; unknown {extra}" if extra else ""))
+        for c, per in self.conditions.items():
+            for t, spec in per.items():
+                if spec.team is not None and self.tasks[t].env != "koth":
+                    raise ValueError(f"condition {c!r}, task type {t!r}: team is for King of the Hill (env: koth)")
         for a, b in self.analysis.comparisons:
             for x in (a, b):
                 if x not in self.conditions:

@@ -16,7 +16,7 @@ from typing import Any, Iterator
 
 from . import store
 from .agents import StudyAgent, TaskBank, env_seed
-from .config import StudyConfig
+from .config import StudyConfig, kind_of
 from .survey import SURVEYS, check_answers
 
 MAX_AGENT_STEPS = 12
@@ -89,7 +89,7 @@ class StudyService:
             if found is None or found.external_session_id != external_session_id:
                 raise StudyError(409, "this participant already has a session in this study") from None
             return found
-        if sess.env != "p4g":  # tau2: the agent's greeting opens the chat, as in the environment
+        if kind_of(sess.env) == "tau2":  # the agent's greeting opens the chat, as in the environment
             from ..envs.tau2.env import GREETING
 
             store.add_turns(self.engine, sess.id, [{"role": "agent", "content": GREETING, "kind": "greeting"}])
@@ -198,11 +198,21 @@ class StudyService:
         return {"status": "ended", "end_reason": reason, "ended_at": time.time()}
 
     def catch_up(self, sess: store.StudySession) -> list[dict]:
-        """Run the agent where it owes a reply (a new P4G session; a reply lost to a restart)."""
+        """Run the agent where it owes a reply (a new P4G session; a reply lost to a restart; a King of the
+        Hill game, played whole)."""
         with self.held(sess) as (rt, sess):
             if sess.status != "active":
                 return []
-            events, _ = self._agent_loop(sess, rt)
+            events, update = self._agent_loop(sess, rt)
+            if sess.env == "koth" and rt.env.done:  # the game is over: keep its replay, end the session
+                end = {} if update else self._ended("env_end")
+                meta = {"frames": rt.env.frames, "result": rt.env.rewards()["agent"],
+                        "score": rt.env.frames[-1]["score"] if rt.env.frames else [0, 0]}
+                store.add_turns(self.engine, sess.id, [{"role": "system", "content": "the game's replay",
+                                                        "visible": False, "kind": "replay", "meta": meta}],
+                                end or None)
+                if end:
+                    events.append({"type": "end", "reason": "env_end"})
             return events
 
     # ---- the participant's actions -------------------------------------------------------------------
@@ -219,6 +229,8 @@ class StudyService:
         """The participant's message, then the agent's replies. Returns the events; with ``emit`` each is
         also passed to it as it happens (the agent's words while they are generated)."""
         text = self.check_message(text)
+        if sess.env == "koth":
+            raise StudyError(409, "this session has no chat: it shows a game")
         if text.lower() == "/stop":
             return self.end(sess)
         with self.held(sess) as (rt, sess):
@@ -252,7 +264,7 @@ class StudyService:
             if sess.status != "active":
                 return []
             update = self._ended("participant")
-            if sess.env != "p4g":  # tau2: the user ends the dialogue (graded as tau2 grades a user stop)
+            if kind_of(sess.env) == "tau2":  # the user ends the dialogue (graded as tau2 grades a user stop)
                 rt.env.on_reply("partner", TAU2_STOP)
                 turn = {"role": "user", "content": TAU2_STOP, "visible": False, "kind": "end",
                         "meta": {"reason": "participant"}}
@@ -265,7 +277,7 @@ class StudyService:
     def survey(self, sess: store.StudySession, answers: Any, free_text: Any) -> dict:
         if sess.status == "active":
             raise StudyError(409, "end the chat before the survey")
-        kind = "p4g" if sess.env == "p4g" else "tau2"
+        kind = kind_of(sess.env)
         if free_text is None:
             free_text = ""
         if not isinstance(free_text, str):
@@ -286,19 +298,28 @@ class StudyService:
     def state(self, sess: store.StudySession) -> dict:
         sess = store.stored_session(self.engine, sess.id)
         turns = store.session_turns(self.engine, sess.id)
-        kind = "p4g" if sess.env == "p4g" else "tau2"
+        kind = kind_of(sess.env)
         messages = [{"role": "agent" if t.role == "agent" else "user", "text": display(t)}
                     for t in turns if t.visible and t.role in ("agent", "user")]
         out = {"session": sess.id, "kind": kind, "status": sess.status, "end_reason": sess.end_reason,
                "turn_cap": self.cfg.tasks[sess.task_type].turn_cap(), "user_turns": sess.user_turns,
                "max_message_chars": self.cfg.study.max_message_chars, "task": self.task_panel(sess),
                "messages": messages, "survey": SURVEYS[kind]}
+        if kind == "koth":
+            rec = next((t for t in turns if t.kind == "replay"), None)
+            out["replay"] = json.loads(rec.meta) if rec is not None else None
         if sess.status == "surveyed":
             out["completion"] = self.completion(sess.id)
         return out
 
     def task_panel(self, sess: store.StudySession) -> dict:
         task = self.bank.get(sess.task_type, sess.task_id)
+        if sess.env == "koth":
+            return {"kind": "koth", "title": "Watch one game",
+                    "intro": "Two teams of two play King of the Hill: a team scores a point each moment one of its "
+                             "units stands on the grey hill while no enemy does; two units that meet send the one "
+                             "with fewer teammates nearby back to its start. Watch the blue team, then say how it "
+                             "played.", "card": []}
         if sess.env == "p4g":
             from ..envs.p4g import persona_text
 
@@ -379,6 +400,8 @@ def apply_agent(env, text: str) -> tuple[list[dict], str | None]:
     """Apply one agent reply; return the turns to store and the text the participant sees (None if none)."""
     n = len(env.transcript)
     env.on_reply("agent", text)
+    if not getattr(env, "chat", True):  # commands, not words (King of the Hill's skill picks): kept, not shown
+        return [{"role": "agent", "content": text, "visible": False, "kind": "command"}], None
     new = env.transcript[n:]
     if new and new[-1]["role"] == "tool":  # tau2: a tool call and its result, not shown
         meta: dict[str, Any] = {"entry": new[-1]["content"]}

@@ -1,5 +1,5 @@
-"""The post-chat surveys. Likert items are 1-7 (1 = strongly disagree, 7 = strongly agree); a
-``reverse`` item is scored 8 - x in the composite scores. P4G also asks the intended donation, a
+"""The post-chat surveys (after a King of the Hill replay: how human-like the blue team played).
+Likert items are 1-7 (1 = strongly disagree, 7 = strongly agree); a ``reverse`` item is scored 8 - x in the composite scores. P4G also asks the intended donation, a
 dollar amount in [0, 2]."""
 from __future__ import annotations
 
@@ -25,11 +25,18 @@ P4G_ITEMS = [
     {"id": "natural", "text": "The other person felt like a natural conversation partner."},
     {"id": "manipulated", "text": "I felt manipulated or pressured.", "reverse": True},
 ]
+KOTH_ITEMS = [
+    {"id": "humanlike", "text": "The blue team played the way a team of people would."},
+    {"id": "skilled", "text": "The blue team played well."},
+    {"id": "coordinated", "text": "The two blue units worked together."},
+    {"id": "mechanical", "text": "The blue team's moves looked mechanical or random.", "reverse": True},
+]
 DONATION = {"id": "donation", "text": "How much of your $2 would you donate to Save the Children?",
             "min": 0.0, "max": 2.0}
 
 SURVEYS: dict[str, dict[str, Any]] = {"tau2": {"likert": TAU2_ITEMS, "scale": LIKERT},
-           "p4g": {"likert": P4G_ITEMS, "scale": LIKERT, "donation": DONATION}}
+           "p4g": {"likert": P4G_ITEMS, "scale": LIKERT, "donation": DONATION},
+           "koth": {"likert": KOTH_ITEMS, "scale": LIKERT}}
 
 
 def items(kind: str) -> list[dict[str, Any]]:

@@ -103,3 +103,33 @@ def test_a_tau2_and_a_p4g_session_in_the_browser(tmp_path, browser):
     assert rows["tau2"]["reward"] == 1.0 and rows["tau2"]["satisfaction"] == pytest.approx((5 * 7 + 3) / 8)
     assert rows["p4g"]["donation"] == 0.75 and rows["p4g"]["end_reason"] == "turn_cap"
     assert rows["p4g"]["agent_turns"] == 2
+
+
+def test_a_king_of_the_hill_replay_is_watched_and_rated_in_the_browser(tmp_path, browser):
+    cfg = study_cfg(tmp_path / "k.db", {"game": {"env": "koth", "options": {"opponent": "bt", "skills": "scripted"}}},
+                    {"tree": {"game": {"team": "bt"}}}, id="KOTH")
+    app = make(cfg)
+    srv = Server(app, "127.0.0.1", 0).start()
+    base = f"http://127.0.0.1:{srv.server_address[1]}"
+    try:
+        page = browser.new_page()
+        page.goto(f"{base}/?PROLIFIC_PID=K1&STUDY_ID=KOTH&SESSION_ID=S1")
+        page.wait_for_selector("#replay:not(.hidden)")
+        assert page.is_visible("#board") and not page.is_visible("#composer")
+        assert page.is_disabled("#replay-done")  # the questions come after the game has been shown
+        page.wait_for_selector("#replay-done:enabled", timeout=30_000)
+        assert page.inner_text("#replay-status") in ("Blue won.", "Red won.", "A draw.")
+        page.click("#replay-done")
+        page.wait_for_selector("#survey:not(.hidden)")
+        assert "blue team" in page.inner_text("#survey h2")
+        for fs in page.locator("#survey fieldset").all():
+            fs.locator("input[type=radio]").nth(5).check()
+        page.click("#submit-survey")
+        page.wait_for_selector("#done:not(.hidden)")
+        page.close()
+    finally:
+        srv.shutdown()
+    from scope.study.analyze import collect
+
+    (row,) = collect(app.state.service.engine)
+    assert row["kind"] == "koth" and row["humanlike"] == 6 and row["believability"] == pytest.approx((6 * 3 + 2) / 4)

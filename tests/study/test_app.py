@@ -40,7 +40,7 @@ def retail_task(tau2_dir, pred):
 def test_config_errors_name_the_problem(tmp_path):
     with pytest.raises(ConfigError, match="condition 'a': needs an agent for every task type.*missing \\['p4g'\\]"):
         parse_study({"tasks": {"p4g": P4G}, "conditions": {"a": {}}})
-    with pytest.raises(ConfigError, match="exactly one of policy, endpoint or scripted"):
+    with pytest.raises(ConfigError, match="exactly one of policy, endpoint, scripted or team"):
         parse_study({"tasks": {"p4g": P4G}, "conditions": {"a": {"p4g": {"policy": "base", "scripted": ["x"]}}}})
     with pytest.raises(ConfigError, match="study.colour: unknown key"):
         parse_study({"study": {"colour": 1}, "tasks": {"p4g": P4G}, "conditions": {"a": {"p4g": {"scripted": ["x"]}}}})
@@ -424,3 +424,36 @@ def test_live_text_never_shows_a_tool_call_or_an_end_marker():
     for t in ("a <", "a <b", "a <b> done"):  # a tail that might have begun a marker waits, then shows
         live(t)
     assert "".join(shown) == "a <b> done"
+
+
+def test_king_of_the_hill_replays_are_shown_and_rated(tmp_path):
+    """A koth task type has no chat: the condition's team (a fixed one, or an LLM controller: here scripted
+    skill picks) plays one game at the session's start; the state carries its replay; the survey rates the
+    blue team; the analysis reads the result and the believability."""
+    from scope.study.analyze import collect
+
+    koth = {"env": "koth", "split": "test", "options": {"opponent": "bt", "skills": "scripted"}}
+    cfg = study_cfg(tmp_path / "s.db", {"game": koth},
+                    {"tree": {"game": {"team": "bt"}},
+                     "llm": {"game": {"scripted": ["1: capture\n2: defend", "nonsense", "1: intercept\n2: capture"]}}})
+    c = TestClient(make(cfg))
+    seen = {}
+    for pid in ("P1", "P2"):
+        st, h = start(c, pid, session=pid)
+        assert st["kind"] == "koth" and st["status"] == "ended" and st["messages"] == []  # the game is played
+        frames = st["replay"]["frames"]
+        assert len(frames) == 101 and frames[0]["tick"] == 0 and frames[-1]["tick"] == 100
+        assert frames[-1]["score"] == st["replay"]["score"] and len(frames[0]["pos"]) == 4
+        assert c.post(f"/api/session/{st['session']}/message", json={"text": "hi"}, headers=h).status_code == 409
+        answers = {"humanlike": 5, "skilled": 4, "coordinated": 6, "mechanical": 2}
+        assert c.post(f"/api/session/{st['session']}/survey", json={"answers": {"humanlike": 5}},
+                      headers=h).status_code == 400
+        assert c.post(f"/api/session/{st['session']}/survey", json={"answers": answers}, headers=h).status_code == 200
+        seen[pid] = st
+    rows = collect(c.app.state.service.engine)
+    assert sorted(r["condition"] for r in rows) == ["llm", "tree"]
+    for r in rows:
+        assert r["kind"] == "koth" and r["believability"] == pytest.approx((5 + 4 + 6 + 6) / 4)
+        assert r["result"] in (0.0, 0.5, 1.0) and 0.0 <= r["score_share"] <= 1.0
+    with pytest.raises(ConfigError, match="team is for King of the Hill"):
+        study_cfg(tmp_path / "t.db", {"p4g": P4G}, {"a": {"p4g": {"team": "bt"}}})
