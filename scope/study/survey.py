@@ -1,6 +1,6 @@
 """The post-chat surveys (after a King of the Hill replay: how human-like the blue team played).
-Likert items are 1-7 (1 = strongly disagree, 7 = strongly agree); a ``reverse`` item is scored 8 - x in the composite scores. P4G also asks the intended donation, a
-dollar amount in [0, 2]."""
+Likert items are 1-7 (1 = strongly disagree, 7 = strongly agree); a ``reverse`` item is scored 8 - x in the
+composite scores. P4G also asks the intended donation, a dollar amount in [0, 2]."""
 from __future__ import annotations
 
 import math
