@@ -21,6 +21,9 @@ class LoraConfig(Strict):
     alpha: int = Field(default=32, ge=1)
     dropout: float = Field(default=0.0, ge=0, lt=1)
     target_modules: str | list[str] = "all-linear"
+    top_layers: int | None = Field(default=None, ge=1)
+    """LoRA on the top N transformer layers only (None: every layer). The backward pass then stops below
+    the lowest of them, which cuts an update's cost on a CPU (long contexts, few trained tokens)."""
 
 
 class VLLMOptions(Strict):

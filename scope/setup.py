@@ -39,7 +39,7 @@ def build_models(cfg: Config) -> tuple[dict[str, LocalBackend], dict[str, Any], 
         b = backend(rc.model, rc.model)
         if mc.finetune == "lora":
             b.add_lora(role, r=mc.lora.r, alpha=mc.lora.alpha, dropout=mc.lora.dropout,
-                       target_modules=mc.lora.target_modules)
+                       target_modules=mc.lora.target_modules, top_layers=mc.lora.top_layers)
             trainable[role] = ModelRef(id=f"{rc.model}:{role}", backend=b, adapter=role, trainable=True)
         else:
             trainable[role] = ModelRef(id=f"{rc.model}:{role}", backend=b, trainable=True)

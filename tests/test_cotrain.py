@@ -374,3 +374,18 @@ def test_cross_play_pairs_one_runs_agent_with_another_runs_partner(tmp_path):
         evaluate(agent, load_panel({"episodes": 1, "partners": [
             {"id": "nothing", "model": "policy", "adapter": str(tmp_path)}]}),
             frozen_refs(dict(c.models), backends, c.run.seed), "p4g", c.env.options, "train")
+
+
+def test_lora_on_the_top_layers_only_trains_them_and_the_pool_copies_them(tmp_path):
+    c = cfg(tmp_path / "t", {"trainable": True, "source": "pool", "pool": {"size": 2, "every": 1},
+                             "reward": "adversarial", "group_shared": False}, steps=2)
+    c.models["policy"].lora.top_layers = 1
+    train(c, log=lambda s: None)
+    ck = tmp_path / "t" / "checkpoints" / "step_000002"
+    cfg_json = json.loads((ck / "agent" / "agent" / "adapter_config.json").read_text())
+    assert cfg_json["layers_to_transform"] == [1]  # the tiny model has 2 layers: only the top one
+    from safetensors.torch import load_file
+
+    names = list(load_file(str(ck / "agent" / "agent" / "adapter_model.safetensors")))
+    assert names and all(".layers.1." in n for n in names)
+    assert read_metrics(str(tmp_path / "t"))[-1]["partner/train/trained_sequences"] == 6

@@ -100,7 +100,7 @@ def llm_games(agent, opponent: str, games: int, seed: int, partner=None, every: 
 
 
 def run(teams: list[str], games: int, seed: int = 0, agents: dict[str, Any] | None = None,
-        log: Callable[[str], None] = print, skills: str = "rl") -> dict[str, Any]:
+        log: Callable[[str], None] = print, skills: str = "rl", every: int = 10) -> dict[str, Any]:
     """Every pair of ``teams``; ``agents``: the Binding of each LLM team name; ``skills``: rl or scripted (the
     skills the LLM and random teams command)."""
     agents = agents or {}
@@ -108,18 +108,19 @@ def run(teams: list[str], games: int, seed: int = 0, agents: dict[str, Any] | No
     for k, (a, b) in enumerate(itertools.combinations(teams, 2)):
         s = seed + 101 * k
         if a in agents and b in agents:
-            res = llm_games(agents[a], "partner", games, s, partner=agents[b], skills=skills)
+            res = llm_games(agents[a], "partner", games, s, partner=agents[b], skills=skills, every=every)
         elif a in agents:
-            res = llm_games(agents[a], b, games, s, skills=skills)
+            res = llm_games(agents[a], b, games, s, skills=skills, every=every)
         elif b in agents:
-            res = [1.0 - x for x in llm_games(agents[b], a, games, s, skills=skills)]
+            res = [1.0 - x for x in llm_games(agents[b], a, games, s, skills=skills, every=every)]
         else:
             res = fixed_games(a, b, games, s, skills)
         pairs[f"{a} vs {b}"] = stats(res)
         st = pairs[f"{a} vs {b}"]
         log(f"koth: {a} vs {b}: {st['wins']}-{st['draws']}-{st['losses']} (score {st['score']:.3f}, "
             f"p even {st['p_even']:.3g})")
-    out: dict[str, Any] = {"teams": teams, "games": games, "seed": seed, "skills": skills, "pairs": pairs,
+    out: dict[str, Any] = {"teams": teams, "games": games, "seed": seed, "skills": skills, "every": every,
+                           "pairs": pairs,
                            "comparisons": {}}
     for x, y in itertools.combinations(teams, 2):  # x and y against the same third teams
         for z in teams:

@@ -63,11 +63,16 @@ class LocalBackend:
         return hasattr(self.model, "peft_config")
 
     def add_lora(self, name: str, r: int = 16, alpha: int = 32, dropout: float = 0.0,
-                 target_modules: Sequence[str] | str = "all-linear", layers: Sequence[int] | None = None) -> None:
+                 target_modules: Sequence[str] | str = "all-linear", layers: Sequence[int] | None = None,
+                 top_layers: int | None = None) -> None:
         """Add a fresh LoRA adapter named ``name`` (B initialised to zero: it starts equal to the base);
-        ``layers``: only these transformer layers (the backward pass then stops below the lowest)."""
+        ``layers``: only these transformer layers, or ``top_layers``: only the top N (the backward pass then
+        stops below the lowest)."""
         from peft import LoraConfig, get_peft_model
 
+        if top_layers:
+            n = self.model.config.num_hidden_layers
+            layers = list(range(max(0, n - top_layers), n))
         if layers is not None and target_modules == "all-linear":  # PEFT wants the names with a layer subset
             target_modules = sorted({n.split(".")[-1] for n, m in self.model.named_modules()
                                      if isinstance(m, torch.nn.Linear) and "lm_head" not in n and "lora_" not in n})

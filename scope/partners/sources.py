@@ -124,7 +124,7 @@ def build_sources(cfg: Config, frozen_refs: dict[str, Any], trainable_refs: dict
             out[role] = PoolSource(ref.backend, ref.adapter, spec_sampling(rc), size=rc.pool.size,
                                    every=rc.pool.every, seed=cfg.run.seed + 11, group_shared=rc.group_shared,
                                    lora=dict(r=lora.r, alpha=lora.alpha, dropout=lora.dropout,
-                                             target_modules=lora.target_modules))
+                                             target_modules=lora.target_modules, top_layers=lora.top_layers))
             continue
         if rc.trainable:
             out[role] = SingleSource(spec_binding(rc, trainable_refs[role]))
