@@ -43,6 +43,9 @@ def tree_games(n: int, reps: int = 2) -> float:
 
 
 def main() -> None:
+    import argparse
+
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     print("| games in the batch | agent-steps/s, rules only | agent-steps/s, behaviour tree vs itself |")
     print("|---|---|---|")
     best_rules = best_tree = 0.0

@@ -94,7 +94,9 @@ def test_the_score_interval_stays_inside_zero_and_one():
     ("1: capture\n2: defend", [0, 1]), ("unit 1 = intercept\nunit 2 - retreat", [2, 3]),
     ("2: capture\n1: capture", [0, 0]), ("Sure!\n1: defend\n2: defend", [1, 1]),
     ("1: capture", None), ("1: capture\n2: fly", None), ("1: capture\n1: defend\n2: defend", None),
-    ("capture and defend", None), ("", None)])
+    ("capture and defend", None), ("", None),
+    ("1: 3\n2: 1", [2, 0]), ("1: 1 capture\n2: 2 defend", [0, 1]), ("1. 2\n2. 4\n3: 1", [1, 3]),
+    ("1: 1 capture\n2: 1 defend", None), ("1: 5\n2: 1", None), ("1:\n2: 1", None)])
 def test_the_controller_is_parsed_strictly(text, want):
     from scope.koth.env import parse_skills
 

@@ -10,8 +10,10 @@ opponent is a partner like any other. Reward (``reward``): ``win`` (1 a win, 0.5
 ``score`` (the team's share of the points); the partner gets the complement.
 
 Tasks are game seeds: ``train`` seeds 0-999, ``test`` 10000-10199; the agent's side alternates with the seed.
-With ``team`` other than ``llm`` the agent's side is a fixed team (``bt``, ``flat``, ``random``) and the whole
-game is played when the environment is made (a replay to show people: ``frames`` holds every tick).
+``prefix`` (e.g. ``"1: "``) starts every controller reply: the model continues it, so that a small model
+only has to complete the answer. With ``team`` other than ``llm`` the agent's side is a fixed team (``bt``,
+``flat``, ``random``) and the whole game is played when the environment is made (a replay to show people:
+``frames`` holds every tick).
 """
 from __future__ import annotations
 
@@ -32,25 +34,32 @@ SYSTEM = f"""You command a team of two units in King of the Hill, a game on an 1
 of yours on it, none of theirs) it scores a point; after {TICKS} ticks the team with more points wins. Two \
 opposing units that come next to each other meet: the side with more units close by wins and the other unit \
 goes back to its start for a few ticks.
-Every few ticks you choose one skill per unit: capture (go to the hill and stay), defend (hold the hill and \
-step onto enemies that come near), intercept (chase the nearest enemy), retreat (go back to the start).
-Answer with exactly two lines:
-1: <skill>
-2: <skill>"""
-_LINE = re.compile(r"^\s*(?:unit\s*)?([12])\s*[:=\-]\s*([a-z]+)\s*\.?\s*$", re.IGNORECASE | re.MULTILINE)
+Every few ticks you choose one skill per unit, by its name or number: 1 capture (go to the hill and stay), \
+2 defend (hold the hill and step onto enemies that come near), 3 intercept (chase the nearest enemy), 4 retreat \
+(go back to the start).
+Answer with exactly two lines, one skill per unit, for example:
+1: capture
+2: defend"""
+_LINE = re.compile(r"^\s*(?:unit\s*)?([12])\s*[:=.)\-]\s*(?:([1-4])\b)?\s*([a-z]+)?\s*\.?\s*$",
+                   re.IGNORECASE | re.MULTILINE)
 
 
 def parse_skills(text: str) -> list[int] | None:
-    """The skill indices for units 1 and 2, or None: both units named once each, with known skills."""
-    found: dict[int, str] = {}
+    """The skill indices for units 1 and 2, or None: both units named once each, each with a known skill by
+    its name (``1: capture``), its number (``1: 1``) or both when they agree (``1: 1 capture``); lines that
+    name no unit are ignored."""
+    found: dict[int, int] = {}
     for m in _LINE.finditer(text):
-        unit, skill = int(m.group(1)), m.group(2).lower()
-        if unit in found or skill not in SKILLS:
+        unit, num, word = int(m.group(1)), m.group(2), (m.group(3) or "").lower()
+        if not num and not word:
             return None
-        found[unit] = skill
+        by_name = SKILLS.index(word) if word in SKILLS else None
+        if (word and by_name is None) or (num and word and int(num) - 1 != by_name) or unit in found:
+            return None
+        found[unit] = by_name if by_name is not None else int(num) - 1
     if set(found) != {1, 2}:
         return None
-    return [SKILLS.index(found[1]), SKILLS.index(found[2])]
+    return [found[1], found[2]]
 
 
 @lru_cache(maxsize=2)
@@ -81,7 +90,8 @@ class KingOfTheHill(Env):
     chat = False  # the agent's replies are commands (the study app keeps them and does not show them)
 
     def __init__(self, task: Task, rng: random.Random, opponent: str = "bt", every: int = 10, ticks: int = TICKS,
-                 reward: str = "win", skills: str = "rl", noise: float = 0.1, team: str = "llm", **_: Any):
+                 reward: str = "win", skills: str = "rl", noise: float = 0.1, team: str = "llm", prefix: str = "",
+                 **_: Any):
         super().__init__(task, rng)
         if reward not in ("win", "score"):
             raise ValueError(f"koth: reward must be win or score, not {reward!r}")
@@ -89,7 +99,7 @@ class KingOfTheHill(Env):
             raise ValueError(f"koth: skills must be rl or scripted, not {skills!r}")
         if team not in ("llm", "bt", "flat", "random"):
             raise ValueError(f"koth: team must be llm, bt, flat or random, not {team!r}")
-        self.every, self.reward_kind = every, reward
+        self.every, self.reward_kind, self.prefix = every, reward, prefix
         self.side = int(task.data["side"])
         self.g = Games(1, ticks=ticks, seed=int(task.data["seed"]), noise=noise)
         models = _models(skills)
@@ -128,6 +138,10 @@ class KingOfTheHill(Env):
     def next_role(self) -> str | None:
         roles = self.next_roles()
         return roles[0] if roles else None
+
+    def reply_prefix(self, role: str) -> str:
+        """``prefix`` (e.g. ``1: ``) starts every controller reply, so that a small model only completes it."""
+        return self.prefix
 
     def on_reply(self, role: str, text: str) -> None:
         self.turns[role] += 1

@@ -75,7 +75,8 @@ def fixed_games(a: str, b: str, games: int, seed: int, skills: str = "rl") -> li
 
 
 def llm_games(agent, opponent: str, games: int, seed: int, partner=None, every: int = 10,
-              max_context: int = 4096, skills: str = "rl") -> list[float]:
+              max_context: int = 4096, skills: str = "rl", prefix: str = "",
+              bad: list[int] | None = None) -> list[float]:
     """An LLM controller (``agent``: a Binding) against ``opponent`` (a fixed team, or ``partner``: another
     LLM binding), through the koth environment; results for the agent."""
     from ..envs import get_env
@@ -89,30 +90,36 @@ def llm_games(agent, opponent: str, games: int, seed: int, partner=None, every: 
         s = seed * 1000 + i
         task = Task(id=f"koth/{s}", split="test", data={"seed": s, "side": i % 2})
         env = env_cls(task, random.Random(rng.random()), opponent="partner" if partner else opponent, every=every,
-                      skills=skills)
+                      skills=skills, prefix=prefix)
         refs = {"agent": agent} | ({"partner": partner} if partner else {})
         jobs.append(Job(env, Episode(task.id, f"koth:{opponent}:{i}", 0), refs, uid=60_000_000 + i))
     eps, _ = run_rollouts(jobs, max_context=max_context, end_on_truncation=False)
     out = []
     for e in eps:
         out.append(e.meta["koth"]["result"] if not e.failed and "koth" in e.meta else 0.0)
+        if bad is not None and "koth" in e.meta:  # [bad answers, decisions] of the agent's side
+            bad[0] += e.meta["koth"]["bad_answers"]["agent"]
+            bad[1] += e.meta["koth"]["decisions"]
     return out
 
 
 def run(teams: list[str], games: int, seed: int = 0, agents: dict[str, Any] | None = None,
-        log: Callable[[str], None] = print, skills: str = "rl", every: int = 10) -> dict[str, Any]:
+        log: Callable[[str], None] = print, skills: str = "rl", every: int = 10, prefix: str = "") -> dict[str, Any]:
     """Every pair of ``teams``; ``agents``: the Binding of each LLM team name; ``skills``: rl or scripted (the
     skills the LLM and random teams command)."""
     agents = agents or {}
     pairs = {}
+    bad = {t: [0, 0] for t in agents}
     for k, (a, b) in enumerate(itertools.combinations(teams, 2)):
         s = seed + 101 * k
         if a in agents and b in agents:
-            res = llm_games(agents[a], "partner", games, s, partner=agents[b], skills=skills, every=every)
+            res = llm_games(agents[a], "partner", games, s, partner=agents[b], skills=skills, every=every,
+                            prefix=prefix)
         elif a in agents:
-            res = llm_games(agents[a], b, games, s, skills=skills, every=every)
+            res = llm_games(agents[a], b, games, s, skills=skills, every=every, prefix=prefix, bad=bad[a])
         elif b in agents:
-            res = [1.0 - x for x in llm_games(agents[b], a, games, s, skills=skills, every=every)]
+            res = [1.0 - x for x in llm_games(agents[b], a, games, s, skills=skills, every=every, prefix=prefix,
+                                              bad=bad[b])]
         else:
             res = fixed_games(a, b, games, s, skills)
         pairs[f"{a} vs {b}"] = stats(res)
@@ -120,7 +127,8 @@ def run(teams: list[str], games: int, seed: int = 0, agents: dict[str, Any] | No
         log(f"koth: {a} vs {b}: {st['wins']}-{st['draws']}-{st['losses']} (score {st['score']:.3f}, "
             f"p even {st['p_even']:.3g})")
     out: dict[str, Any] = {"teams": teams, "games": games, "seed": seed, "skills": skills, "every": every,
-                           "pairs": pairs,
+                           "prefix": prefix, "pairs": pairs,
+                           "bad_answer_rate": {t: b[0] / b[1] for t, b in bad.items() if b[1]},
                            "comparisons": {}}
     for x, y in itertools.combinations(teams, 2):  # x and y against the same third teams
         for z in teams:
@@ -149,6 +157,9 @@ def table(res: dict[str, Any]) -> str:
     for k, s in res["pairs"].items():
         lines.append(f"| {k} | {s['games']} | {s['wins']}-{s['draws']}-{s['losses']} | {s['score']:.3f} "
                      f"({s['ci95'][0]:.3f}, {s['ci95'][1]:.3f}) | {s['p_even']:.3g} |")
+    if res.get("bad_answer_rate"):
+        lines += ["", "| LLM team | bad answers (against the fixed teams) |", "|---|---|"]
+        lines += [f"| {t} | {r:.3f} |" for t, r in res["bad_answer_rate"].items()]
     if res["comparisons"]:
         lines += ["", "| comparison | win rates | p (two-proportion z) |", "|---|---|---|"]
         for k, c in res["comparisons"].items():
