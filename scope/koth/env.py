@@ -3,8 +3,8 @@
 Every ``every`` ticks (10) the agent gets the game rendered as text (``game.render``) and answers with one
 skill per unit, e.g. ``1: capture`` and ``2: defend`` on lines of their own (``parse_skills``: both units,
 each once, each a known skill; anything else is a bad answer, which keeps the previous skills and is
-counted in ``meta.koth.bad_answers``). The RL skills then play the ticks until the next decision. The other
-team is the behaviour tree, the flat RL team, a random skill picker, or (``opponent: partner``) the partner
+counted in ``meta.koth.bad_answers``; before the first valid one the team plays capture and defend). The
+RL skills then play the ticks until the next decision. The other team is the behaviour tree, the flat RL team, a random skill picker, or (``opponent: partner``) the partner
 role: a second LLM commanding the other side, so that a frozen, rotated, persona-guided or trained
 opponent is a partner like any other. Reward (``reward``): ``win`` (1 a win, 0.5 a draw, 0 a loss) or
 ``score`` (the team's share of the points); the partner gets the complement.
@@ -105,7 +105,8 @@ class KingOfTheHill(Env):
         models = _models(skills)
         sk = {s: models[s] for s in SKILLS} if models else None
         self.teams: dict[int, Any] = {}
-        self.llm_skills: dict[str, list[int]] = {"agent": [0, 0], "partner": [0, 0]}
+        # before its first valid answer an LLM's team plays capture and defend (the answer the prompt shows)
+        self.llm_skills: dict[str, list[int]] = {"agent": [0, 1], "partner": [0, 1]}
         if team == "llm":
             self.teams[self.side] = SkillTeam("llm", lambda g, t: np.array([self.llm_skills["agent"]]), sk)
         else:
