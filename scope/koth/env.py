@@ -6,8 +6,9 @@ each once, each a known skill; anything else is a bad answer, which keeps the pr
 counted in ``meta.koth.bad_answers``; before the first valid one the team plays capture and defend). The
 RL skills then play the ticks until the next decision. The other team is the behaviour tree, the flat RL
 team, a random skill picker, or (``opponent: partner``) the partner role: a second LLM commanding the other
-side, so that a frozen, rotated, persona-guided or trained opponent is a partner like any other. Reward (``reward``): ``win`` (1 a win, 0.5 a draw, 0 a loss) or
-``score`` (the team's share of the points); the partner gets the complement.
+side, so that a frozen, rotated, persona-guided or trained opponent is a partner like any other. Reward
+(``reward``): ``win`` (1 a win, 0.5 a draw, 0 a loss) or ``score`` (the team's share of the points); the
+partner gets the complement.
 
 Tasks are game seeds: ``train`` seeds 0-999, ``test`` 10000-10199; the agent's side alternates with the seed.
 ``prefix`` (e.g. ``"1: "``) starts every controller reply: the model continues it, so that a small model
