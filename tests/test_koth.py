@@ -137,3 +137,21 @@ def test_a_short_tournament_runs_with_an_llm_team(tmp_path):
     assert s["games"] == 4 and s["wins"] + s["draws"] + s["losses"] == 4
     assert "p_even" in s and "| bt vs llm | 4 |" in tournament.table(res)
     tournament.write(res, str(tmp_path))
+
+
+def test_the_format_bonus_pays_the_share_of_answers_that_parse():
+    import random as _random
+
+    from scope.koth.env import KingOfTheHill
+    from scope.types import Task
+
+    def play_with(answers, bonus):
+        env = KingOfTheHill(Task(id="koth/1", split="train", data={"seed": 1, "side": 0}), _random.Random(0),
+                            every=25, skills="scripted", format_bonus=bonus)
+        for a in answers:
+            env.on_reply("agent", a)
+        return env.rewards()["agent"]
+
+    answers = ["1: capture\n2: defend", "nonsense", "1: 2\n2: 2", "??"]
+    base = play_with(answers, 0.0)
+    assert play_with(answers, 0.2) == pytest.approx(base + 0.2 * 0.5)

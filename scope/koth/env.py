@@ -8,7 +8,8 @@ RL skills then play the ticks until the next decision. The other team is the beh
 team, a random skill picker, or (``opponent: partner``) the partner role: a second LLM commanding the other
 side, so that a frozen, rotated, persona-guided or trained opponent is a partner like any other. Reward
 (``reward``): ``win`` (1 a win, 0.5 a draw, 0 a loss) or ``score`` (the team's share of the points); the
-partner gets the complement.
+partner gets the complement. ``format_bonus`` adds that much times the share of a controller's answers
+that parsed (a format reward: a small model's first signal).
 
 Tasks are game seeds: ``train`` seeds 0-999, ``test`` 10000-10199; the agent's side alternates with the seed.
 ``prefix`` (e.g. ``"1: "``) starts every controller reply: the model continues it, so that a small model
@@ -92,7 +93,7 @@ class KingOfTheHill(Env):
 
     def __init__(self, task: Task, rng: random.Random, opponent: str = "bt", every: int = 10, ticks: int = TICKS,
                  reward: str = "win", skills: str = "rl", noise: float = 0.1, team: str = "llm", prefix: str = "",
-                 **_: Any):
+                 format_bonus: float = 0.0, **_: Any):
         super().__init__(task, rng)
         if reward not in ("win", "score"):
             raise ValueError(f"koth: reward must be win or score, not {reward!r}")
@@ -100,7 +101,7 @@ class KingOfTheHill(Env):
             raise ValueError(f"koth: skills must be rl or scripted, not {skills!r}")
         if team not in ("llm", "bt", "flat", "random"):
             raise ValueError(f"koth: team must be llm, bt, flat or random, not {team!r}")
-        self.every, self.reward_kind, self.prefix = every, reward, prefix
+        self.every, self.reward_kind, self.prefix, self.format_bonus = every, reward, prefix, float(format_bonus)
         self.side = int(task.data["side"])
         self.g = Games(1, ticks=ticks, seed=int(task.data["seed"]), noise=noise)
         models = _models(skills)
@@ -194,7 +195,9 @@ class KingOfTheHill(Env):
         self.meta["koth"] = {"score": [mine_pts, theirs_pts], "result": result, "side": self.side,
                              "opponent": self.opponent, "bad_answers": dict(self.bad), "decisions": len(self.history),
                              "skills": self.history}
-        return {"agent": r, "partner": 1.0 - r}
+        valid = {role: 1.0 - self.bad[role] / max(1, self.turns[role]) for role in self._llm_roles()}
+        return {"agent": r + self.format_bonus * valid.get("agent", 0.0),
+                "partner": 1.0 - r + self.format_bonus * valid.get("partner", 0.0)}
 
     @classmethod
     def load_tasks(cls, split: str, **_: Any) -> list[Task]:
