@@ -337,7 +337,7 @@ def cmd_koth(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return 2
     res = tournament.run(teams, args.games, args.seed, agents, log=lambda s: print(s, flush=True), every=args.every,
-                         prefix=args.prefix)
+                         prefix=args.prefix, parse=args.parse)
     print(f"wrote {tournament.write(res, args.out)}")
     print(tournament.table(res))
     return 0
@@ -442,6 +442,8 @@ def main(argv: list[str] | None = None) -> int:
     kn.add_argument("--temperature", type=float, default=0.7)
     kn.add_argument("--every", type=int, default=10, help="ticks between an LLM controller's decisions")
     kn.add_argument("--prefix", default="", help="text every LLM controller reply starts with (e.g. '1: ')")
+    kn.add_argument("--parse", choices=["strict", "lenient"], default="strict",
+                    help="how an LLM controller's answers are read (see the koth environment)")
     kn.add_argument("--out", default="runs/koth")
     kr = ks.add_parser("replay", help="GIF replays of games between two fixed teams, and a viewer page")
     kr.add_argument("--teams", default="bt,flat")

@@ -155,3 +155,11 @@ def test_the_format_bonus_pays_the_share_of_answers_that_parse():
     answers = ["1: capture\n2: defend", "nonsense", "1: 2\n2: 2", "??"]
     base = play_with(answers, 0.0)
     assert play_with(answers, 0.2) == pytest.approx(base + 0.2 * 0.5)
+
+
+def test_the_lenient_parse_reads_unit_lines_and_keeps_the_rest():
+    from scope.koth.env import parse_lenient
+
+    assert parse_lenient("1: capture\nYou are standing on", [1, 2]) == [0, 2]
+    assert parse_lenient("1: 3, enemy 1 (2, 3)\n2: defend now", [0, 0]) == [2, 1]
+    assert parse_lenient("1: 0, them\n", [0, 1]) is None and parse_lenient("no units", [0, 1]) is None

@@ -9,7 +9,8 @@ team, a random skill picker, or (``opponent: partner``) the partner role: a seco
 side, so that a frozen, rotated, persona-guided or trained opponent is a partner like any other. Reward
 (``reward``): ``win`` (1 a win, 0.5 a draw, 0 a loss) or ``score`` (the team's share of the points); the
 partner gets the complement. ``format_bonus`` adds that much times the share of a controller's answers
-that parsed (a format reward: a small model's first signal).
+that parsed (a format reward: a small model's first signal). ``parse: lenient`` reads each line that starts
+with a unit and a skill, whatever follows it (``parse_lenient``), for models too small for the strict form.
 
 Tasks are game seeds: ``train`` seeds 0-999, ``test`` 10000-10199; the agent's side alternates with the seed.
 ``prefix`` (e.g. ``"1: "``) starts every controller reply: the model continues it, so that a small model
@@ -64,6 +65,21 @@ def parse_skills(text: str) -> list[int] | None:
     return [found[1], found[2]]
 
 
+_LENIENT = re.compile(r"^\s*(?:unit\s*)?([12])\s*[:=.)\-]\s*(capture|defend|intercept|retreat|[1-4]\b)",
+                      re.IGNORECASE | re.MULTILINE)
+
+
+def parse_lenient(text: str, previous: list[int]) -> list[int] | None:
+    """``parse: lenient``: each line that starts with a unit and a skill (its name or number) sets that unit's
+    skill, whatever follows on the line; a unit no line names keeps ``previous``; None when no line does."""
+    out, seen = list(previous), False
+    for m in _LENIENT.finditer(text):
+        word = m.group(2).lower()
+        out[int(m.group(1)) - 1] = int(word) - 1 if word.isdigit() else SKILLS.index(word)
+        seen = True
+    return out if seen else None
+
+
 @lru_cache(maxsize=2)
 def _models(skills: str):
     from .skills import load_models
@@ -93,12 +109,15 @@ class KingOfTheHill(Env):
 
     def __init__(self, task: Task, rng: random.Random, opponent: str = "bt", every: int = 10, ticks: int = TICKS,
                  reward: str = "win", skills: str = "rl", noise: float = 0.1, team: str = "llm", prefix: str = "",
-                 format_bonus: float = 0.0, **_: Any):
+                 format_bonus: float = 0.0, parse: str = "strict", **_: Any):
         super().__init__(task, rng)
         if reward not in ("win", "score"):
             raise ValueError(f"koth: reward must be win or score, not {reward!r}")
         if skills not in ("rl", "scripted"):
             raise ValueError(f"koth: skills must be rl or scripted, not {skills!r}")
+        if parse not in ("strict", "lenient"):
+            raise ValueError(f"koth: parse must be strict or lenient, not {parse!r}")
+        self.lenient = parse == "lenient"
         if team not in ("llm", "bt", "flat", "random"):
             raise ValueError(f"koth: team must be llm, bt, flat or random, not {team!r}")
         self.every, self.reward_kind, self.prefix, self.format_bonus = every, reward, prefix, float(format_bonus)
@@ -150,7 +169,7 @@ class KingOfTheHill(Env):
         self.turns[role] += 1
         self.views[role].append({"role": "assistant", "content": text})
         self.transcript.append({"role": role, "content": text})
-        picked = parse_skills(text)
+        picked = parse_lenient(text, self.llm_skills[role]) if self.lenient else parse_skills(text)
         if picked is None:
             self.bad[role] += 1
         else:

@@ -76,7 +76,7 @@ def fixed_games(a: str, b: str, games: int, seed: int, skills: str = "rl") -> li
 
 def llm_games(agent, opponent: str, games: int, seed: int, partner=None, every: int = 10,
               max_context: int = 4096, skills: str = "rl", prefix: str = "",
-              bad: list[int] | None = None) -> list[float]:
+              bad: list[int] | None = None, parse: str = "strict") -> list[float]:
     """An LLM controller (``agent``: a Binding) against ``opponent`` (a fixed team, or ``partner``: another
     LLM binding), through the koth environment; results for the agent."""
     from ..envs import get_env
@@ -90,7 +90,7 @@ def llm_games(agent, opponent: str, games: int, seed: int, partner=None, every: 
         s = seed * 1000 + i
         task = Task(id=f"koth/{s}", split="test", data={"seed": s, "side": i % 2})
         env = env_cls(task, random.Random(rng.random()), opponent="partner" if partner else opponent, every=every,
-                      skills=skills, prefix=prefix)
+                      skills=skills, prefix=prefix, parse=parse)
         refs = {"agent": agent} | ({"partner": partner} if partner else {})
         jobs.append(Job(env, Episode(task.id, f"koth:{opponent}:{i}", 0), refs, uid=60_000_000 + i))
     eps, _ = run_rollouts(jobs, max_context=max_context, end_on_truncation=False)
@@ -104,7 +104,8 @@ def llm_games(agent, opponent: str, games: int, seed: int, partner=None, every: 
 
 
 def run(teams: list[str], games: int, seed: int = 0, agents: dict[str, Any] | None = None,
-        log: Callable[[str], None] = print, skills: str = "rl", every: int = 10, prefix: str = "") -> dict[str, Any]:
+        log: Callable[[str], None] = print, skills: str = "rl", every: int = 10, prefix: str = "",
+        parse: str = "strict") -> dict[str, Any]:
     """Every pair of ``teams``; ``agents``: the Binding of each LLM team name; ``skills``: rl or scripted (the
     skills the LLM and random teams command)."""
     agents = agents or {}
@@ -114,12 +115,13 @@ def run(teams: list[str], games: int, seed: int = 0, agents: dict[str, Any] | No
         s = seed + 101 * k
         if a in agents and b in agents:
             res = llm_games(agents[a], "partner", games, s, partner=agents[b], skills=skills, every=every,
-                            prefix=prefix)
+                            prefix=prefix, parse=parse)
         elif a in agents:
-            res = llm_games(agents[a], b, games, s, skills=skills, every=every, prefix=prefix, bad=bad[a])
+            res = llm_games(agents[a], b, games, s, skills=skills, every=every, prefix=prefix, bad=bad[a],
+                            parse=parse)
         elif b in agents:
             res = [1.0 - x for x in llm_games(agents[b], a, games, s, skills=skills, every=every, prefix=prefix,
-                                              bad=bad[b])]
+                                              bad=bad[b], parse=parse)]
         else:
             res = fixed_games(a, b, games, s, skills)
         pairs[f"{a} vs {b}"] = stats(res)
@@ -127,7 +129,7 @@ def run(teams: list[str], games: int, seed: int = 0, agents: dict[str, Any] | No
         log(f"koth: {a} vs {b}: {st['wins']}-{st['draws']}-{st['losses']} (score {st['score']:.3f}, "
             f"p even {st['p_even']:.3g})")
     out: dict[str, Any] = {"teams": teams, "games": games, "seed": seed, "skills": skills, "every": every,
-                           "prefix": prefix, "pairs": pairs,
+                           "prefix": prefix, "parse": parse, "pairs": pairs,
                            "bad_answer_rate": {t: b[0] / b[1] for t, b in bad.items() if b[1]},
                            "comparisons": {}}
     for x, y in itertools.combinations(teams, 2):  # x and y against the same third teams
