@@ -48,11 +48,6 @@ def test_adversarial_cooperative_and_registered_rewards():
     assert [e.rewards["partner"] for e in eps] == [-3.0, 1.0]
     apply_partner_reward("cooperative", eps, "partner")
     assert [e.rewards["partner"] for e in eps] == [3.0, -1.0]
-    cut = eps_with({"g": [0.0, 0.0, 0.5]})  # a partner that ends dialogues by rambling to its token limit
-    cut[0].meta["truncated_replies"] = {"partner": 1}
-    cut[1].meta["truncated_replies"] = {"agent": 1}  # the agent's own cut reply is not the partner's doing
-    apply_partner_reward("adversarial", cut, "partner")
-    assert [e.rewards["partner"] for e in cut] == pytest.approx([0.0, 1.0, 0.5])
 
     @register_reward("test_double")
     def double(episodes, role, agent="agent"):
@@ -206,11 +201,7 @@ def test_cotraining_run_trains_both_with_their_own_rewards(tmp_path):
     ms = read_metrics(str(tmp_path / "c"))
     m = ms[-1]
     assert m["train/trained_sequences"] == 6 and m["partner/train/trained_sequences"] == 6
-    recs = [json.loads(x) for x in open(tmp_path / "c" / "rollouts" / "step_000002.jsonl")]
-    for r in recs:  # 1 - r_agent, or 0 where the partner's reply was cut at its token limit (out of scenario)
-        cut = r["meta"].get("truncated_replies", {}).get("partner")
-        assert r["rewards"]["partner"] == pytest.approx(0.0 if cut else 1 - r["rewards"]["agent"]), r["meta"]
-    assert m["partner/reward_mean"] == pytest.approx(sum(r["rewards"]["partner"] for r in recs) / len(recs))
+    assert m["partner/reward_mean"] == pytest.approx(1 - m["reward_mean"])
     ck = tmp_path / "c" / "checkpoints" / "step_000002"
     assert (ck / "agent" / "agent" / "adapter_model.safetensors").exists()
     assert (ck / "partner" / "partner" / "adapter_model.safetensors").exists()

@@ -170,6 +170,15 @@ def test_a_customer_that_leaves_its_scenario_earns_the_adversary_nothing():
     mute.on_reply("agent", "what do you need ?")
     mute.on_reply("partner", "hello there .")
     assert mute.meta["partner_fidelity"] == 0.0 and "when asked" in mute.meta["out_of_character"]
+    rambler = env_for("fast")  # a reply cut at its token limit ends the dialogue (the rollout's truncation)
+    rambler.on_reply("agent", "what do you need ?")
+    rambler.on_reply("partner", "i want fast and i also want to tell you about my day and my")
+    rambler.finish("truncated")
+    assert rambler.meta["partner_fidelity"] == 0.0 and "token limit" in rambler.meta["out_of_character"]
+    cut_agent = env_for("fast")  # the agent's own cut reply is not the customer's doing
+    cut_agent.on_reply("agent", "what do you")
+    cut_agent.finish("truncated")
+    assert "partner_fidelity" not in cut_agent.meta
     fair = env_for("fast")
     fair.on_reply("agent", "try the basic plan , it is cheap .")
     fair.on_reply("partner", "i want fast , so no thanks . " + REFUSE)  # turning down a plan that misses

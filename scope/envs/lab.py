@@ -191,11 +191,18 @@ class CollapseLab(Env):
         elif self.turns["agent"] >= self.max_turns:
             self.finish("max_turns")
 
+    def finish(self, reason: str) -> None:
+        # a customer reply cut at its token limit ends the dialogue with no sale: out of character (a 120-step
+        # co-training run found the trained customer rambling until cut, for the full adversarial reward)
+        if reason == "truncated" and self.transcript and self.transcript[-1]["role"] == "partner":
+            self._break_character("its reply was cut at the token limit")
+        super().finish(reason)
+
     def _break_character(self, why: str) -> None:
         """The customer left the training scenario (the co-trained simulator's adversarial reward ignores
         such a rollout's outcome: ``partner_fidelity`` 0): it named a need it does not have, did not say its
-        need when asked, answered an offer with neither yes nor no, or turned down the plan that fits its
-        need. Only a trained simulator's reward reads it; the held-out ``counter`` and ``twice`` customers
+        need when asked, answered an offer with neither yes nor no, turned down the plan that fits its need,
+        or ended the dialogue with a reply cut at its token limit. Only a trained simulator's reward reads it; the held-out ``counter`` and ``twice`` customers
         leave that scenario by design."""
         self.meta["partner_fidelity"] = 0.0
         self.meta.setdefault("out_of_character", why)

@@ -50,15 +50,11 @@ def cooperative(episodes, role, agent="agent"):
     return [_agent_r(e, agent) for e in episodes]
 
 
-def fidelity(ep: Episode, role: str | None = None) -> float:
-    """1.0 unless the partner left its scenario: the environment found it out of character
-    (``meta["partner_fidelity"]``: an environment that can tell when a simulator breaks its own scenario,
-    e.g. a customer who turns down the very plan it said it needs, sets it to 0 for that rollout), or a
-    reply of ``role`` was cut at the token limit (``meta["truncated_replies"]``): a 120-step lab
-    co-training run found the simulator learning to ramble until its reply was cut, which ended every
-    dialogue before the agent could sell and paid it the full adversarial reward."""
-    if role is not None and ep.meta.get("truncated_replies", {}).get(role):
-        return 0.0
+def fidelity(ep: Episode) -> float:
+    """1.0 unless the environment found the partner out of character (``meta["partner_fidelity"]``: an
+    environment that can tell when a simulator breaks its own scenario, e.g. a customer who turns down
+    the very plan it said it needs, or ends the dialogue with a reply cut at its token limit, sets it to 0
+    for that rollout)."""
     return float(ep.meta.get("partner_fidelity", 1.0))
 
 
@@ -71,7 +67,7 @@ def adversarial(episodes, role, agent="agent", bounded: bool | None = None):
     vals = [r for r in rs if r is not None]
     in_unit = all(0.0 <= r <= 1.0 for r in vals) if bounded is None else bounded
     worst = 0.0 if in_unit else -max(vals, default=0.0)
-    return [None if r is None else ((1.0 - r if in_unit else -r) if fidelity(e, role) > 0 else worst)
+    return [None if r is None else ((1.0 - r if in_unit else -r) if fidelity(e) > 0 else worst)
             for e, r in zip(episodes, rs)]
 
 
