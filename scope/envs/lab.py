@@ -202,8 +202,8 @@ class CollapseLab(Env):
         """The customer left the training scenario (the co-trained simulator's adversarial reward ignores
         such a rollout's outcome: ``partner_fidelity`` 0): it named a need it does not have, did not say its
         need when asked, answered an offer with neither yes nor no, turned down the plan that fits its need,
-        or ended the dialogue with a reply cut at its token limit. Only a trained simulator's reward reads it; the held-out ``counter`` and ``twice`` customers
-        leave that scenario by design."""
+        or ended the dialogue with a reply cut at its token limit. Only a trained simulator's reward reads it;
+        the held-out ``counter`` and ``twice`` customers leave that scenario by design."""
         self.meta["partner_fidelity"] = 0.0
         self.meta.setdefault("out_of_character", why)
 
