@@ -286,9 +286,9 @@ def cmd_envsim(args: argparse.Namespace) -> int:
             ref = frozen_refs({"envsim": mc}, {}, args.seed)["envsim"]
             b = Binding(id=args.model_name or args.model, ref=ref,
                         sampling=SamplingParams(temperature=args.temperature, max_new_tokens=args.max_new_tokens))
-            sims.append(ModelSimulator(b))
+            sims.append(ModelSimulator(b, batch=args.batch))
             if args.constrained:
-                sims.append(ModelSimulator(b, constrained=True))
+                sims.append(ModelSimulator(b, constrained=True, batch=args.batch))
     results = [bench.run(s, samples, log=lambda m: print(m, flush=True)) for s in sims]
     path = bench.write(results, args.out)
     print(bench.table(results))
@@ -420,6 +420,7 @@ def main(argv: list[str] | None = None) -> int:
     eb.add_argument("--constrained", action="store_true", help="also run the model in the constrained mode")
     eb.add_argument("--temperature", type=float, default=0.0)
     eb.add_argument("--max-new-tokens", type=int, default=256)
+    eb.add_argument("--batch", type=int, default=16, help="samples per model call (a local model's memory grows with it)")
     eb.add_argument("--limit", type=int, help="score this many samples, spread over the strata")
     eb.add_argument("--data-dir", help="the tau2 data (default SCOPE_TAU2_DATA)")
     eb.add_argument("--seed", type=int, default=0)

@@ -205,8 +205,10 @@ def violations(sample: dict[str, Any], changes: list[dict[str, Any]] | None) -> 
 class ModelSimulator:
     """A model plays the tool (see the module docstring)."""
 
-    def __init__(self, binding, constrained: bool = False, policy: str | None = None, max_context: int = 8192):
+    def __init__(self, binding, constrained: bool = False, policy: str | None = None, max_context: int = 8192,
+                 batch: int = 16):
         self.binding, self.constrained, self.policy, self.max_context = binding, constrained, policy, max_context
+        self.batch = batch  # samples per model call (their prompts hold database records: memory grows with it)
         self.name = f"{binding.id}{' (constrained)' if constrained else ''}"
 
     def _ask(self, convs: list[list[dict[str, str]]]) -> list[tuple[str, int]]:
@@ -221,7 +223,8 @@ class ModelSimulator:
                 res.append((o.text, len(o.token_ids) or len(o.text) // 4))
         return res
 
-    def predict(self, samples: list[dict[str, Any]], batch: int = 16) -> list[dict[str, Any]]:
+    def predict(self, samples: list[dict[str, Any]], batch: int | None = None) -> list[dict[str, Any]]:
+        batch = batch or self.batch
         out: list[dict[str, Any]] = []
         for i in range(0, len(samples), batch):
             chunk = samples[i:i + batch]
