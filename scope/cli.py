@@ -420,7 +420,7 @@ def main(argv: list[str] | None = None) -> int:
     eb.add_argument("--constrained", action="store_true", help="also run the model in the constrained mode")
     eb.add_argument("--temperature", type=float, default=0.0)
     eb.add_argument("--max-new-tokens", type=int, default=256)
-    eb.add_argument("--batch", type=int, default=16, help="samples per model call (a local model's memory grows with it)")
+    eb.add_argument("--batch", type=int, default=16, help="samples per model call (memory grows with it)")
     eb.add_argument("--limit", type=int, help="score this many samples, spread over the strata")
     eb.add_argument("--data-dir", help="the tau2 data (default SCOPE_TAU2_DATA)")
     eb.add_argument("--seed", type=int, default=0)
