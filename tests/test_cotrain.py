@@ -373,8 +373,9 @@ def test_cross_play_pairs_one_runs_agent_with_another_runs_partner(tmp_path):
 
 def test_lora_on_the_top_layers_only_trains_them_and_the_pool_copies_them(tmp_path):
     c = cfg(tmp_path / "t", {"trainable": True, "source": "pool", "pool": {"size": 2, "every": 1},
-                             "reward": "adversarial", "group_shared": False}, steps=2)
+                             "reward": "curriculum", "group_shared": False, "temperature": 1.0}, steps=2)
     c.models["policy"].lora.top_layers = 1
+    c.rollout.n_tasks, c.agent.temperature = 4, 1.0
     train(c, log=lambda s: None)
     ck = tmp_path / "t" / "checkpoints" / "step_000002"
     cfg_json = json.loads((ck / "agent" / "agent" / "adapter_config.json").read_text())
@@ -383,4 +384,5 @@ def test_lora_on_the_top_layers_only_trains_them_and_the_pool_copies_them(tmp_pa
 
     names = list(load_file(str(ck / "agent" / "agent" / "adapter_model.safetensors")))
     assert names and all(".layers.1." in n for n in names)
-    assert read_metrics(str(tmp_path / "t"))[-1]["partner/train/trained_sequences"] == 6
+    assert adapter_b_norm(ck, "partner") > 0  # the top layer's LoRA weights moved (B starts at zero)
+    assert read_metrics(str(tmp_path / "t"))[-1]["partner/train/trained_sequences"] == 12
