@@ -222,7 +222,7 @@ class Learner:
         tot_tokens = 0
         release_free_memory()  # what the rollout freed (its KV slabs) is not reused by the update's buffers
         self.backend.model.train()
-        for p in self.params:  # PEFT's set_adapter turns every other adapter's requires_grad off
+        for p in self.params:  # (a loaded or copied adapter may have requires_grad off)
             p.requires_grad_(True)
         try:
             for mb in minibatches:
