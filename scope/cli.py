@@ -104,9 +104,9 @@ def cmd_data(args: argparse.Namespace) -> int:
 
 
 def cmd_lab(args: argparse.Namespace) -> int:
-    from .lab.runner import PARADIGMS, run_lab
+    from .lab.runner import run_lab
 
-    paradigms = tuple(args.paradigms.split(",")) if args.paradigms else PARADIGMS
+    paradigms = tuple(args.paradigms.split(",")) if args.paradigms else None
     out = args.out or ("runs/lab-quick" if args.quick else "runs/lab")
     from .guards import RunFailed, StartupError
 
@@ -399,7 +399,8 @@ def main(argv: list[str] | None = None) -> int:
                     "lab's models are built; building them takes about 9 minutes, once)")
     lb.add_argument("--out", help="output directory (default runs/lab, or runs/lab-quick)")
     lb.add_argument("--seeds", type=int, default=3)
-    lb.add_argument("--paradigms", help="comma-separated subset of base,single,ensemble,persona,vs,cotrain,population")
+    lb.add_argument("--paradigms", help="comma-separated subset of base,single,ensemble,persona,persona_evolved,"
+                    "vs,cotrain,population (default: those with a config in --configs)")
     lb.add_argument("--configs", default="configs/lab", help="the directory of the lab's configs")
     lb.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a key in every run, e.g. --set models.collapsed.options.collapse=0.8")

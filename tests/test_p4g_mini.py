@@ -38,3 +38,31 @@ def test_the_p4g_mini_grid_runs_end_to_end_in_its_quick_form(tmp_path):
     assert "## RL (Single)" in cards and "## Population Co-Training" in cards
     with pytest.raises(ValueError, match="unknown paradigms"):
         run_lab(out, configs=os.path.join(ROOT, "configs", "p4g_mini"), paradigms=("nonsense",))
+
+
+def test_the_evolved_personas_reach_the_persuadees_prompt_in_training(tmp_path, monkeypatch):
+    """persona_evolved draws a persona per rollout from the evolved file; its text is in the persuadee's tokens."""
+    import json
+
+    import scope.train as T
+    from scope.config import load_config
+
+    p4g = shared_path("data", "p4g")
+    cfg = load_config(os.path.join(ROOT, "configs", "p4g_mini", "persona_evolved.yaml"),
+                      ["models.policy.path=tiny-random", "train.steps=1", f"run.dir={tmp_path / 'run'}",
+                       f"env.options.data_dir={p4g}", "env.options.max_turns=1", "rollout.n_tasks=2",
+                       "rollout.group_size=2", "agent.max_new_tokens=4", "partner.max_new_tokens=4",
+                       "eval.panel=null", "diagnostics.probe_every=0", "run.save_rollouts=true"])
+    with open(os.path.join(ROOT, cfg.partner.personas)) as f:
+        evolved = json.load(f)
+    texts = {p["text"] for p in evolved["personas"]}
+    assert evolved["made_by"] == "scope personas evolve" and evolved["fitness"]["human"] > 0
+    seen: list[str] = []
+
+    def capture(episodes):  # the persuadee's context, as the text its tokens spell
+        seen.extend(e.traces["partner"].covered_text for e in episodes)
+        return []
+
+    monkeypatch.setattr(T, "rollout_records", capture)
+    T.train(cfg, log=lambda s: None)
+    assert seen and all(any(t in s for t in texts) for s in seen), "an evolved persona is missing from a prompt"

@@ -20,8 +20,11 @@ import os
 import time
 from typing import Any, Callable
 
-PARADIGMS = ("base", "single", "ensemble", "persona", "vs", "cotrain", "population")
+PARADIGMS = ("base", "single", "ensemble", "persona", "persona_evolved", "vs", "cotrain", "population")
+"""Every paradigm the grid knows; a grid runs those of them that have a config in its directory
+(``persona_evolved``: the persona paradigm with evolved personas, in ``configs/p4g_mini`` only)."""
 LABELS = {"base": "Base", "single": "RL (Single)", "ensemble": "Ensemble", "persona": "Persona",
+          "persona_evolved": "Persona (evolved)",
           "vs": "Verbalized Sampling", "cotrain": "Co-Training", "population": "Population Co-Training"}
 QUICK: dict[str, Any] = {"seeds": 1, "overrides": ["train.steps=20", "eval.every=5"]}
 """``--quick``: one seed and half the steps (the CI run and the demo)."""
@@ -58,7 +61,13 @@ def evaluate_untrained(cfg, log: Callable[[str], None]) -> None:
     logger.close()
 
 
-def run_lab(out: str, configs: str = "configs/lab", paradigms: tuple[str, ...] = PARADIGMS, seeds: int = 3,
+def available(configs: str) -> tuple[str, ...]:
+    """The paradigms of PARADIGMS that have a config in ``configs`` (Base: the Single config, untrained)."""
+    return tuple(p for p in PARADIGMS
+                 if os.path.exists(os.path.join(configs, ("single" if p == "base" else p) + ".yaml")))
+
+
+def run_lab(out: str, configs: str = "configs/lab", paradigms: tuple[str, ...] | None = None, seeds: int = 3,
             overrides: list[str] | None = None, quick: bool = False, log: Callable[[str], None] = print) -> dict:
     from ..config import load_config
     from ..train import train
@@ -67,9 +76,11 @@ def run_lab(out: str, configs: str = "configs/lab", paradigms: tuple[str, ...] =
     if quick:
         seeds = min(seeds, QUICK["seeds"])
         overrides = QUICK["overrides"] + overrides
-    unknown = [p for p in paradigms if p not in PARADIGMS]
+    have = available(configs)
+    paradigms = have if paradigms is None else paradigms
+    unknown = [p for p in paradigms if p not in have]
     if unknown:
-        raise ValueError(f"unknown paradigms {unknown}; choose from {', '.join(PARADIGMS)}")
+        raise ValueError(f"unknown paradigms {unknown}: {configs} has configs for {', '.join(have)}")
     os.makedirs(out, exist_ok=True)
     t_all = time.time()
     first = load_config(os.path.join(configs, "single.yaml"), overrides)

@@ -34,10 +34,13 @@ def parse_sweep(spec: str) -> tuple[str, list[str]]:
     return key.strip(), values
 
 
-def run_sweep(out: str, key: str, values: list[str], paradigms: tuple[str, ...], seeds: int = 1,
+def run_sweep(out: str, key: str, values: list[str], paradigms: tuple[str, ...] | None, seeds: int = 1,
               overrides: list[str] | None = None, quick: bool = False, configs: str = "configs/lab",
               log: Callable[[str], None] = print) -> dict[str, Any]:
+    from .runner import available
+
     os.makedirs(out, exist_ok=True)
+    paradigms = available(configs) if paradigms is None else paradigms
     points = []
     for v in values:
         log(f"lab sweep: {key} = {v}")
