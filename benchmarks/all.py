@@ -17,8 +17,8 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-BENCHES = ["rollout_throughput", "verbalized_sampling", "population", "learner_memory", "decode_step", "tau2_env",
-           "coop_env", "koth_game", "scale"]
+BENCHES = ["rollout_throughput", "verbalized_sampling", "population", "alternating_updates", "learner_memory",
+           "decode_step", "tau2_env", "coop_env", "koth_game", "scale"]
 ROOT = os.path.dirname(HERE)
 PYTHON = {"scale": os.path.join(ROOT, ".venv-scale", "bin", "python")}  # vLLM and Ray live in their own venv
 SCRIPT = {"tau2_retail": "tau2_env", "tau2_airline": "tau2_env"}  # a report's name -> the script that writes it
@@ -31,6 +31,9 @@ GOALS = {
     ("population", "rss_slope_mb"): ("<=", 50.0, "MB/step", "population's resident set growth per step"),
     ("population", "switch_ms"): ("<=", 50.0, "ms", "switch to a pool member and back"),
     ("population", "cotrain_step_ratio"): (None, None, "x", "step time, Co-Training vs RL (Single)"),
+    ("alternating_updates", "pinned_transient_ratio"): ("<=", 1.10, "x",
+                                                        "largest / first agent-update transient, adapters alternating"),
+    ("alternating_updates", "dynamic_transient_ratio"): (None, None, "x", "the same with glibc's dynamic threshold"),
     ("learner_memory", "transient_gb"): (None, None, "GB", "one learner update's transient, default micro-batch"),
     ("learner_memory", "update_s"): (None, None, "s", "one learner update (16 x ~240 tokens, LoRA)"),
     ("decode_step", "prefill_chunked_tok_s"): (None, None, "tok/s", "prefill, 32 x 204 tokens in the engine's chunks"),

@@ -275,8 +275,8 @@ def test_looping_crashing_and_escaping_programs_score_zero_and_the_search_goes_o
            ProgramGenome(ESCAPING.replace("{marker}", str(os.getpid())))]
     real_seed = search_mod.seed_children
 
-    def seeds(n, kind, rng):  # the search starts from the bad programs beside good ones
-        return bad + real_seed(n, kind, rng)
+    def seeds(n, kind, rng, env_name="p4g"):  # the search starts from the bad programs beside good ones
+        return bad + real_seed(n, kind, rng, env_name)
     monkeypatch.setattr(search_mod, "seed_children", seeds)
     cfg = search_cfg(tmp_path, genome="both", seeds=2)
     lines = []
@@ -304,6 +304,31 @@ def test_the_search_runs_on_tau2_retail_with_its_integrity_gate(tmp_path):
                    "bins": 2, "max_reject": 1.0, "genome": "both"}})
     state = evolve(cfg, log=lambda s: None)
     assert [h["generation"] for h in state["history"]] == [0, 1] and state["archive"]
+    from scope.personas.genome import TAU2_POPULATION
+
+    personas = json.load(open(tmp_path / "ps" / "personas.json"))["personas"]
+    assert all(p["text"].startswith(TAU2_POPULATION) and "charit" not in p["text"] for p in personas)
+
+
+def test_tau2_generators_start_and_grow_from_the_customer_library():
+    """A tau2 search seeds customers (not P4G persuadees), and a structural 'add' draws from the customers' axes."""
+    import random
+
+    from scope.personas.genome import LIBRARY, TAU2_LIBRARY, TAU2_POPULATION, mutate_structure, seed_genomes
+    from scope.personas.program import ProgramGenome, data_of, mutate_program
+
+    rng = random.Random(0)
+    gs = seed_genomes(6, rng, domain="tau2")
+    names = {a.name for a in TAU2_LIBRARY}
+    assert all(g.population == TAU2_POPULATION and {a.name for a in g.axes} <= names for g in gs)
+    for _ in range(30):
+        gs = [mutate_structure(g, rng) for g in gs]
+        assert all({a.name for a in g.axes} <= names for g in gs)
+    prog = ProgramGenome.from_genome(seed_genomes(1, rng, domain="tau2")[0])
+    for _ in range(30):
+        prog = mutate_program(prog, rng)
+        assert {t[0] for t in data_of(prog.source)["traits"]} <= names
+    assert {a.name for a in seed_genomes(4, rng)[0].axes} <= {a.name for a in LIBRARY}  # P4G by default
 
 
 def test_human_traces_of_your_own(tmp_path):

@@ -105,14 +105,44 @@ LIBRARY = [
 ]
 
 
-def seed_genomes(n: int, rng: random.Random, axes_per: int = 3) -> list[Genome]:
-    """``n`` starting generators, each with ``axes_per`` axes drawn from the library."""
+# tau2's user seat: a customer of the store or the airline. The axes are the human behaviours that carry
+# over from the P4G people (terseness, withholding, impatience, off-topic turns, corrections, register);
+# none of them may change what the customer wants or the facts they give (the integrity gate checks).
+TAU2_POPULATION = "You are a customer chatting with the company's support agent."
+TAU2_LIBRARY = [
+    LIBRARY[0],  # terse
+    Axis("withholding", "giving details", "You give one detail at a time, and only when you are asked for it.",
+         "You give the details you are asked for."),
+    Axis("impatient", "patience", "You are in a hurry and say so when things take long.", ""),
+    Axis("off_topic", "attention", "Now and then you mention something unrelated, then come back to your request.",
+         ""),
+    Axis("corrects", "corrections", "You sometimes restate a request more precisely in your next message.", ""),
+    LIBRARY[5],  # casual
+    Axis("polite", "politeness", "You thank the agent and apologise for the trouble.", ""),
+    Axis("unsure", "confidence", "You are not sure how the website works and ask what the agent means.", ""),
+]
+POPULATIONS = {"p4g": Genome.population, "tau2": TAU2_POPULATION}
+
+
+def domain_of(env_name: str) -> str:
+    return "tau2" if env_name.startswith("tau2") else "p4g"
+
+
+def library_for(population: str) -> list[Axis]:
+    """The axes a generator of this population may add: tau2's customers or P4G's persuadees."""
+    return TAU2_LIBRARY if population == TAU2_POPULATION else LIBRARY
+
+
+def seed_genomes(n: int, rng: random.Random, axes_per: int = 3, domain: str = "p4g") -> list[Genome]:
+    """``n`` starting generators, each with ``axes_per`` axes drawn from the domain's library."""
+    population = POPULATIONS[domain]
+    lib = library_for(population)
     out = []
     for _ in range(n):
-        axes = [copy.deepcopy(a) for a in rng.sample(LIBRARY, min(axes_per, len(LIBRARY)))]
+        axes = [copy.deepcopy(a) for a in rng.sample(lib, min(axes_per, len(lib)))]
         for a in axes:
             a.p_on = round(rng.uniform(0.2, 0.8), 2)
-        out.append(Genome(axes=axes, ops=["seed"]))
+        out.append(Genome(axes=axes, population=population, ops=["seed"]))
     return out
 
 
@@ -125,7 +155,7 @@ def mutate_structure(g: Genome, rng: random.Random, other: Genome | None = None)
     ops = ["p_on", "add", "drop", "swap"] + (["crossover"] if other is not None else [])
     op = rng.choice(ops)
     if op == "add":
-        free = [a for a in LIBRARY if a.name not in {x.name for x in c.axes}]
+        free = [a for a in library_for(c.population) if a.name not in {x.name for x in c.axes}]
         if not free:
             op = "p_on"
         else:

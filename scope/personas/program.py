@@ -28,7 +28,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
-from .genome import LIBRARY, Genome
+from .genome import Genome, library_for
 
 MAX_PERSONA = 1200
 MAX_SOURCE = 8000
@@ -180,7 +180,7 @@ def mutate_program(g: ProgramGenome, rng: random.Random, other: Any = None) -> P
     op = rng.choice(ops)
     names = {t[0] for t in traits if isinstance(t, list) and t}
     if op == "add":
-        free = [a for a in LIBRARY if a.name not in names]
+        free = [a for a in library_for(str(data.get("population", ""))) if a.name not in names]
         if free:
             a = rng.choice(free)
             traits.append([a.name, a.on, round(rng.uniform(0.2, 0.8), 2)])

@@ -24,7 +24,7 @@ from ..config import ConfigError
 from .config import PersonaSearchConfig, load_search_config  # noqa: F401 - load_search_config: callers' name
 from .features import FEATURES, fingerprint, load_p4g_humans, turn_features
 from .fitness import HumanLikeness, Standardizer, auc, density_coverage, p4g_integrity, tau2_integrity
-from .genome import Genome, seed_genomes
+from .genome import Genome, domain_of, seed_genomes
 from .program import ProgramFailure, ProgramGenome
 
 
@@ -198,9 +198,10 @@ def genome_from_dict(d: dict[str, Any]):
     return ProgramGenome.from_dict(d) if d.get("kind") == "program" else Genome.from_dict(d)
 
 
-def seed_children(n: int, kind: str, rng: random.Random) -> list:
-    """Generation 0: structured genomes from the axis library, as programs too when asked (``search.genome``)."""
-    gs = seed_genomes(n, rng)
+def seed_children(n: int, kind: str, rng: random.Random, env_name: str = "p4g") -> list:
+    """Generation 0: structured genomes from the domain's axis library (P4G persuadees or tau2 customers), as
+    programs too when asked (``search.genome``)."""
+    gs = seed_genomes(n, rng, domain=domain_of(env_name))
     if kind == "program":
         return [ProgramGenome.from_genome(g) for g in gs]
     if kind == "both":
@@ -303,7 +304,7 @@ def evolve(cfg: PersonaSearchConfig, resume: bool = False, log: Callable[[str], 
         t0 = time.time()
         elites = [genome_from_dict(e["genome"]) for e in state["archive"].values()]
         if gen == 0 or not elites:
-            children = seed_children(s.seeds, s.genome, rng)
+            children = seed_children(s.seeds, s.genome, rng, cfg.env.get("name", "p4g"))
         else:
             pairs = [(rng.choice(elites), rng.choice(elites) if len(elites) > 1 else None) for _ in range(s.children)]
             structured = [(p, o if isinstance(o, Genome) else None) for p, o in pairs if isinstance(p, Genome)]
