@@ -35,7 +35,8 @@ def test_the_p4g_mini_grid_runs_end_to_end_in_its_quick_form(tmp_path):
         assert os.path.getsize(os.path.join(out, name)) > 0, name
     assert "fitted-to-people" in open(os.path.join(out, "single", "seed0", "eval", "step_000002", "eval.md")).read()
     cards = open(os.path.join(out, "dialogues.md")).read()
-    assert "## RL (Single)" in cards and "## Population Co-Training" in cards
+    assert "## RL (Single)" in cards and "## Population Co-Training" in cards and "## Persona (evolved)" in cards
+    assert "persuadees' decisions: " in cards and "mention the charity" in cards
     with pytest.raises(ValueError, match="unknown paradigms"):
         run_lab(out, configs=os.path.join(ROOT, "configs", "p4g_mini"), paradigms=("nonsense",))
 

@@ -163,6 +163,8 @@ def dialogue_cards(out: str, paradigms: list[str], examples: int = 2) -> str:
                   f"- most frequent opening ({opens.most_common(1)[0][1]} of {len(eps)} dialogues): "
                   f"\"{opens.most_common(1)[0][0][:200]}\"" if opens else "- no dialogue",
                   f"- agent turns that name a dollar amount: {dollars:.2f}"]
+        if any("persona" in e["meta"] for e in eps) and any(m["role"] == "partner" for e in eps for m in e["messages"]):
+            lines += p4g_lines(eps, agent_turns)
         by: dict[str, list[dict]] = {}
         for e in eps:
             by.setdefault(e["meta"].get("partner", "?"), []).append(e)
@@ -176,6 +178,18 @@ def dialogue_cards(out: str, paradigms: list[str], examples: int = 2) -> str:
                 lines += [f"> {m['role']}: {m['content'][:300]}" for m in e["messages"]]
                 lines.append("")
     return "\n".join(lines) + "\n"
+
+
+def p4g_lines(eps: list[dict], agent_turns: list[str]) -> list[str]:
+    """Persuasion for Good: what the persuadees decided (no amount stated counts as no gift) and how often the
+    persuader still talks about the cause."""
+    import re
+    from collections import Counter
+
+    gifts = Counter("none stated" if e["meta"].get("donation") is None else f"${e['meta']['donation']:g}" for e in eps)
+    cause = sum(bool(re.search(r"charit|children|donat|save the", t, re.IGNORECASE)) for t in agent_turns)
+    return ["- persuadees' decisions: " + ", ".join(f"{k} {v}" for k, v in gifts.most_common(6)) + f" (of {len(eps)})",
+            f"- agent turns that mention the charity, children or donating: {cause / max(len(agent_turns), 1):.2f}"]
 
 
 # ---- aggregation -------------------------------------------------------------------------------
