@@ -32,7 +32,7 @@ GOALS = {
     ("population", "switch_ms"): ("<=", 50.0, "ms", "switch to a pool member and back"),
     ("population", "cotrain_step_ratio"): (None, None, "x", "step time, Co-Training vs RL (Single)"),
     ("alternating_updates", "pinned_transient_ratio"): ("<=", 1.10, "x",
-                                                        "largest / first agent-update transient, adapters alternating"),
+                                                        "agent-update transient after / before the partner trains"),
     ("alternating_updates", "dynamic_transient_ratio"): (None, None, "x", "the same with glibc's dynamic threshold"),
     ("learner_memory", "transient_gb"): (None, None, "GB", "one learner update's transient, default micro-batch"),
     ("learner_memory", "update_s"): (None, None, "s", "one learner update (16 x ~240 tokens, LoRA)"),

@@ -6,7 +6,8 @@ Each setting runs in its own process: SmolLM2 with LoRA adapters ``agent`` and `
 kind of 16-sequence batch (220-300 tokens, 60 of them trained) for every update, in the order
 ``--seq`` (A: agent, P: partner). For each update it prints the resident set where the update started
 (after malloc_trim) and its peak; the figure is each setting's largest agent-update transient (peak -
-start), against its first one (goal: flat, <= 1.10x).
+start) after the partner has trained, against the second agent update's, before it (the first update also
+allocates what every later one reuses). Goal: flat, <= 1.10x.
 
     python benchmarks/alternating_updates.py [--seq AAPAPA]
 """
@@ -77,9 +78,11 @@ def child(pinned: bool, seq: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seq", default="AAPAPA", help="update order: A agent, P partner")
+    ap.add_argument("--seq", default="AAPAPA", help="update order: A agent, P partner (starting AAP)")
     ap.add_argument("--child", choices=["dynamic", "pinned"], help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if not a.seq.startswith("AAP") or "A" not in a.seq[3:]:
+        ap.error("--seq starts with AAP (two agent updates, then the partner's) and has an agent update after it")
     if a.child:
         child(a.child == "pinned", a.seq)
         return
@@ -88,12 +91,13 @@ def main() -> None:
         out = subprocess.run([sys.executable, __file__, "--child", mode, "--seq", a.seq], stdout=subprocess.PIPE,
                              text=True, check=True)
         res[mode] = json.loads(out.stdout.strip().splitlines()[-1])
-    print("\n| threshold | agent-update transients (MB), in order | largest / first | update seconds (mean) |")
+    print("\n| threshold | agent-update transients (MB), in order | largest after the partner's / second |"
+          " update seconds (mean) |")
     print("|---|---|---|---|")
     figures = {}
     for mode, rows in res.items():
         tr = [r["peak"] - r["start"] for r in rows if r["role"] == "agent"]
-        ratio = max(tr) / tr[0]
+        ratio = max(tr[2:]) / tr[1]  # agent updates 3.. come after the partner's first update
         figures[f"{mode}_transient_ratio"] = ratio
         figures[f"{mode}_max_transient_mb"] = max(tr)
         secs = sum(r["seconds"] for r in rows) / len(rows)
