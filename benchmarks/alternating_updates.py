@@ -19,10 +19,9 @@ import os
 import random
 import subprocess
 import sys
-import threading
 import time
 
-from report import report, rss_mb  # benchmarks/report.py (a script's own directory is on sys.path)
+from report import report, rss_mb, track_peak  # benchmarks/report.py (a script's own directory is on sys.path)
 
 
 def child(pinned: bool, seq: str) -> None:
@@ -51,14 +50,7 @@ def child(pinned: bool, seq: str) -> None:
 
     cfg = L.LearnerConfig(lr=1e-4, kl_coef=0.01)
     learners = {"A": L.Learner(be, "agent", cfg), "P": L.Learner(be, "partner", cfg)}
-    peak = [0.0]
-
-    def sample() -> None:
-        while True:
-            peak[0] = max(peak[0], rss_mb())
-            time.sleep(0.003)
-
-    threading.Thread(target=sample, daemon=True).start()
+    peak = track_peak()
     rows = []
     for c in seq:
         tr = batch()

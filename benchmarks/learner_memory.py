@@ -15,10 +15,9 @@ import json
 import random
 import subprocess
 import sys
-import threading
 import time
 
-from report import report, rss_mb  # benchmarks/report.py (a script's own directory is on sys.path)
+from report import report, rss_mb, track_peak  # benchmarks/report.py (a script's own directory is on sys.path)
 
 
 def child(size: int) -> dict:
@@ -29,14 +28,7 @@ def child(size: int) -> dict:
     from scope.types import Trace
 
     torch.set_num_threads(2)
-    peak = [0.0]
-
-    def sample() -> None:
-        while True:
-            peak[0] = max(peak[0], rss_mb())
-            time.sleep(0.003)
-
-    threading.Thread(target=sample, daemon=True).start()
+    peak = track_peak()
     b = load_backend("smollm2-135m")
     b.add_lora("agent")
     rng = random.Random(0)

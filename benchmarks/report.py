@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+import time
 
 
 def report(bench: str, **figures: float) -> None:
@@ -18,3 +20,17 @@ def rss_mb() -> float:
     """This process's resident set now, in MB."""
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
+
+
+def track_peak() -> list[float]:
+    """Start a daemon thread that keeps this process's peak resident set (MB) in the returned list's only
+    item, sampled every 3 ms; set the item to restart the peak from there."""
+    peak = [rss_mb()]
+
+    def sample() -> None:
+        while True:
+            peak[0] = max(peak[0], rss_mb())
+            time.sleep(0.003)
+
+    threading.Thread(target=sample, daemon=True).start()
+    return peak

@@ -17,7 +17,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import time
+from collections import Counter
 from typing import Any, Callable
 
 PARADIGMS = ("base", "single", "ensemble", "persona", "persona_evolved", "vs", "cotrain", "population")
@@ -145,8 +147,6 @@ def dialogue_cards(out: str, paradigms: list[str], examples: int = 2) -> str:
     """What each paradigm's agent says at its last evaluation (seed 0), and what the simulators answer: per
     paradigm, its most frequent opening, how often it names a dollar amount, the reward per simulator, and a
     few whole dialogues (with the first seen and the first unseen simulator)."""
-    import re
-    from collections import Counter
 
     lines = ["# What the agents say at the end of training (seed 0, the last evaluation)", ""]
     for p in paradigms:
@@ -163,7 +163,7 @@ def dialogue_cards(out: str, paradigms: list[str], examples: int = 2) -> str:
                   f"- most frequent opening ({opens.most_common(1)[0][1]} of {len(eps)} dialogues): "
                   f"\"{opens.most_common(1)[0][0][:200]}\"" if opens else "- no dialogue",
                   f"- agent turns that name a dollar amount: {dollars:.2f}"]
-        if any("persona" in e["meta"] for e in eps) and any(m["role"] == "partner" for e in eps for m in e["messages"]):
+        if any("persona" in e["meta"] for e in eps):  # Persuasion for Good's episodes
             lines += p4g_lines(eps, agent_turns)
         by: dict[str, list[dict]] = {}
         for e in eps:
@@ -183,9 +183,6 @@ def dialogue_cards(out: str, paradigms: list[str], examples: int = 2) -> str:
 def p4g_lines(eps: list[dict], agent_turns: list[str]) -> list[str]:
     """Persuasion for Good: what the persuadees decided (no amount stated counts as no gift) and how often the
     persuader still talks about the cause."""
-    import re
-    from collections import Counter
-
     gifts = Counter("none stated" if e["meta"].get("donation") is None else f"${e['meta']['donation']:g}" for e in eps)
     cause = sum(bool(re.search(r"charit|children|donat|save the", t, re.IGNORECASE)) for t in agent_turns)
     return ["- persuadees' decisions: " + ", ".join(f"{k} {v}" for k, v in gifts.most_common(6)) + f" (of {len(eps)})",
