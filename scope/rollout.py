@@ -150,17 +150,17 @@ def run_rollouts(jobs: list[Job], sampling: dict[str, SamplingParams] | None = N
                 b = j.refs[role]
                 mode = "vs" if b.vs is not None else ("chat" if getattr(b.ref, "chat", False) else "tokens")
                 req = _Req(j, role, b, mode)
-                if mode == "tokens":
-                    try:
-                        req.prefix = j.env.reply_prefix(role)
+                try:
+                    req.prefix = j.env.reply_prefix(role)
+                    if mode == "tokens":
                         req.prompt = prepare_turn(j.episode.traces[role], b.ref.tokenizer, j.env.views[role],
                                                   req.prefix, limit=max_context - b.sampling.max_new_tokens)
-                    except Exception as e:  # a broken template or env: this episode fails, the others go on
-                        _fail(j, e)
-                        break
-                    if req.prompt is None:
-                        j.env.finish("context_limit")
-                        break
+                except Exception as e:  # a broken template or env: this episode fails, the others go on
+                    _fail(j, e)
+                    break
+                if mode == "tokens" and req.prompt is None:
+                    j.env.finish("context_limit")
+                    break
                 reqs.append(req)
             else:
                 for req in reqs:
@@ -309,14 +309,27 @@ def _run_text_requests(items: list[_Req], stats: RolloutStats, vs: bool) -> None
                 r.text, r.finish_reason = c.text, c.finish_reason
                 _count(stats, c.model_id or b.id, len(c.token_ids))
         return
+    starts: dict[str, list[_Req]] = {}  # replies the env forces to begin a certain way are asked for apart
+    for r in items:
+        starts.setdefault(r.prefix, []).append(r)
+    for start, group in starts.items():
+        _run_vs_requests(group, stats, start, sessions)
+
+
+def _run_vs_requests(items: list[_Req], stats: RolloutStats, start: str, sessions) -> None:
+    """Verbalized Sampling for requests whose replies must begin with ``start`` (usually none): every
+    candidate is asked to, a local model's first one is given it, and only candidates that do are drawn
+    from; the plain fallback of a local model is given it too."""
+    b = items[0].binding
     cfg = b.vs
     assert cfg is not None  # a Verbalized Sampling binding carries its VS settings
-    instr = vs_mod.instruction(cfg.k, cfg.method, vs_mod.max_words(cfg.max_words, b.sampling.max_new_tokens))
+    instr = vs_mod.instruction(cfg.k, cfg.method, vs_mod.max_words(cfg.max_words, b.sampling.max_new_tokens),
+                               start=start)
     rf = ({"type": "json_schema", "json_schema": vs_mod.json_schema(cfg.k, cfg.method)}
           if getattr(b.ref, "json_schema", False) else None)
     local = not getattr(b.ref, "chat", False)
     # a local model gets the opening of the JSON object and stops once the list is closed
-    prefix = vs_mod.JSON_PREFIX if local else ""
+    prefix = vs_mod.JSON_PREFIX + vs_mod.json_start(start) if local else ""
     # ... and stops early once it has k complete candidates, or when one candidate runs on far longer
     # than a plain reply could
     limit = RUNAWAY_CHARS_PER_TOKEN * b.sampling.max_new_tokens
@@ -348,7 +361,7 @@ def _run_text_requests(items: list[_Req], stats: RolloutStats, vs: bool) -> None
                 rec["attempts"] += len(c.discarded)
                 rec["errors"] += ["runaway candidate (restarted in the batch)"] * len(c.discarded)
                 _count(stats, c.model_id or b.id, len(c.token_ids) + c.discarded_tokens)
-                parsed = vs_mod.parse(c.text, cfg.k, cfg.method)
+                parsed = vs_mod.starting_with(vs_mod.parse(c.text, cfg.k, cfg.method), start)
                 if parsed.ok:
                     idx = vs_mod.draw(parsed, r.job.env.rng)
                     rec.update(candidates=parsed.texts, probs=parsed.probs, index=idx, fallback=False)
@@ -362,7 +375,8 @@ def _run_text_requests(items: list[_Req], stats: RolloutStats, vs: bool) -> None
         todo = again
     todo = left_over
     if todo:  # plain reply as the fallback
-        outs = _chat(b.ref, [r.job.env.views[r.role] for r in todo], b.sampling, sessions=sessions(todo))
+        outs = _chat(b.ref, [r.job.env.views[r.role] for r in todo], b.sampling, prefix=start,
+                     sessions=sessions(todo))
         stats.calls += 1
         for r, c in zip(todo, outs):
             rec = records[id(r)]

@@ -270,3 +270,52 @@ def test_parsing_is_linear_in_the_reply_length(make):
 
     small, big = cost(make(1000)), cost(make(4000))
     assert big < 8 * small + 0.005, (len(make(4000)), small, big)
+
+
+def test_starting_with_keeps_the_candidates_that_begin_so_and_renormalises():
+    from scope.partners.vs import VSParse, starting_with
+
+    p = VSParse(texts=["no thanks", "[DONATE $3] ok", "[DONATE $0]"], probs=[0.6, 0.3, 0.1])
+    q = starting_with(p, "[DONATE $")
+    assert q.texts == ["[DONATE $3] ok", "[DONATE $0]"] and q.probs == pytest.approx([0.75, 0.25])
+    assert not starting_with(VSParse(texts=["no"], probs=[1.0]), "[DONATE $").ok
+    assert starting_with(p, "") is p
+    assert "begin with [DONATE $" in instruction(3, "prob", start="[DONATE $")
+
+
+def _forced_vs_turns(partner, n=6):
+    """The persuadee's last replies of ``n`` one-turn P4G dialogues that force its decision."""
+    from scope.envs import get_env
+    from scope.partners.sources import Binding
+    from scope.rollout import Job, run_rollouts
+    from scope.types import Episode, SamplingParams
+
+    env_cls = get_env("p4g")
+    task = env_cls.load_tasks("train")[0]
+    agent = Binding("a", Says("Hello! Would you donate?"), SamplingParams(max_new_tokens=8))
+    jobs = [Job(env=env_cls(task, random.Random(i), max_turns=1, force_decision=True),
+                episode=Episode(task.id, str(i), 0), refs={"agent": agent, "partner": partner}, uid=i)
+            for i in range(n)]
+    eps, _ = run_rollouts(jobs, end_on_truncation=False)
+    return [e.meta["vs"][-1] for e in eps], [j.env.views["agent"][-1]["content"] for j in jobs]
+
+
+def test_a_forced_decision_reaches_a_verbalized_sampling_partner():
+    """P4G's force_decision starts the persuadee's last reply with the donation marker: a VS persuadee
+    draws only among candidates that begin with it (an endpoint), and a local one is given it as the start
+    of its first candidate and of its fallback, so its decision is never lost to VS."""
+    from scope.config import VSConfig
+    from scope.envs.p4g import DECISION_PREFIX
+    from scope.models.local import ModelRef, load_tokenizer, tiny_backend
+    from scope.partners.sources import Binding
+    from scope.types import SamplingParams
+
+    says = Says(json.dumps({"responses": [{"text": "No thanks.", "probability": 0.9},
+                                          {"text": "[DONATE $3] fine", "probability": 0.1}]}))
+    recs, last = _forced_vs_turns(Binding("vs", says, SamplingParams(), vs=VSConfig(k=2)))
+    assert all(r["candidates"] == ["[DONATE $3] fine"] for r in recs) and all(t == "[DONATE $3] fine" for t in last)
+    tiny = ModelRef("tiny", tiny_backend(load_tokenizer("tiny-random"), seed=0))
+    recs, last = _forced_vs_turns(Binding("vs", tiny, SamplingParams(temperature=1.0, max_new_tokens=8),
+                                          vs=VSConfig(k=3, max_new_tokens=48)))
+    assert all(t.startswith(DECISION_PREFIX) for t in last)
+    assert all(c.startswith(DECISION_PREFIX) for r in recs for c in r["candidates"])

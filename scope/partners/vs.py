@@ -21,7 +21,7 @@ JSON_PREFIX = '{"responses": [{"text": "'
 """The start of the reply a local VS partner is given (endpoints get a JSON-schema response format)."""
 
 
-def instruction(k: int, method: str, max_words: int | None = None) -> str:
+def instruction(k: int, method: str, max_words: int | None = None, start: str = "") -> str:
     if method == "prob":
         item = '{"text": "<reply>", "probability": <number between 0 and 1>}'
         tail = (f"Give {k} different replies you might write next, each with the probability that you would "
@@ -30,8 +30,27 @@ def instruction(k: int, method: str, max_words: int | None = None) -> str:
         item = '{"text": "<reply>"}'
         tail = f"Give {k} different replies you might write next."
     length = f" Keep each reply under {max_words} words." if max_words else ""
+    begin = f" Each reply must begin with {start}" if start else ""
     return (f"[{tail} Answer only with a JSON object of the form "
-            f'{{"responses": [{item}, ...]}} and nothing else.{length}]')
+            f'{{"responses": [{item}, ...]}} and nothing else.{length}{begin}]')
+
+
+def json_start(start: str) -> str:
+    """``start`` as it reads inside a JSON string (what a local partner's first candidate is given)."""
+    return json.dumps(start)[1:-1]
+
+
+def starting_with(p: VSParse, start: str) -> VSParse:
+    """The candidates of ``p`` that begin with ``start`` (a reply the environment forces to start so, e.g.
+    a persuadee's final decision), their stated probabilities renormalised; an error if none does."""
+    if not p.ok or not start:
+        return p
+    keep = [(t, q) for t, q in zip(p.texts, p.probs) if t.startswith(start.strip())]
+    if not keep:
+        return VSParse(error=f"no candidate begins with the forced start {start!r}")
+    total = sum(q for _, q in keep)
+    probs = [q / total for _, q in keep] if total > 0 else [1.0 / len(keep)] * len(keep)
+    return VSParse(texts=[t for t, _ in keep], probs=probs)
 
 
 def max_words(setting: int | str | None, max_new_tokens: int) -> int | None:
