@@ -29,6 +29,8 @@ GOALS = {
     ("verbalized_sampling", "parsed_frac"): (">=", 1.0, "", "share of VS turns parsed (no fallback)"),
     ("population", "memory_ratio"): ("<=", 1.15, "x", "peak RSS, Population Co-Training (K=5) vs RL (Single)"),
     ("population", "rss_slope_mb"): ("<=", 50.0, "MB/step", "population's resident set growth per step"),
+    ("population", "memory_ratio_20_steps"): ("<=", 1.10, "x",
+                                              "peak RSS over 20 steps, Population (K=5) vs RL (Single)"),
     ("population", "switch_ms"): ("<=", 50.0, "ms", "switch to a pool member and back"),
     ("population", "cotrain_step_ratio"): (None, None, "x", "step time, Co-Training vs RL (Single)"),
     ("alternating_updates", "pinned_transient_ratio"): ("<=", 1.10, "x",
