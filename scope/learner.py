@@ -12,6 +12,7 @@ autograd keeps, never exist at once; the backward pass recomputes each chunk's l
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -164,7 +165,8 @@ class Learner:
 
     def __init__(self, backend: LocalBackend, adapter: str | None, cfg: LearnerConfig):
         self.backend, self.adapter, self.cfg = backend, adapter, cfg
-        pin_mmap_threshold()  # the update's peak stays flat over steps and adapters (see there)
+        if os.environ.get("SCOPE_PIN_MMAP", "1") != "0":  # SCOPE_PIN_MMAP=0: glibc's default (see there)
+            pin_mmap_threshold()  # the update's peak stays flat over steps and adapters
         self.params = backend.set_trainable(adapter)
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, betas=(cfg.betas[0], cfg.betas[1]),
                                            weight_decay=cfg.weight_decay)
@@ -328,7 +330,9 @@ def pin_mmap_threshold(nbytes: int = MMAP_THRESHOLD) -> bool:
     grows step after step, most when two adapters alternate (Co-Training, a population): measured on
     SmolLM2 with alternating agent and partner updates of the same batch (the agent update's transient
     2.3 GB, then 2.6, 2.9, 3.2 GB once the partner had trained; with the threshold fixed, 1.35-1.42 GB).
-    Idempotent; False where the C library has no ``mallopt``."""
+    The cost is time: every large buffer is a fresh mapping whose pages fault in, and the same updates
+    took about 1.5x as long (``benchmarks/alternating_updates.py``); ``SCOPE_PIN_MMAP=0`` keeps glibc's
+    default where memory is plentiful. Idempotent; False where the C library has no ``mallopt``."""
     global _PINNED
     if _PINNED is None:
         try:
