@@ -215,7 +215,8 @@ def test_vs_on_a_local_model(tmp_path):
             assert v["candidates"] and all(c.strip() for c in v["candidates"]) and v["index"] < len(v["candidates"])
             assert abs(sum(v["probs"]) - 1) < 1e-9
     frac = read_metrics(str(tmp_path / "v"))[0]["vs/fallback_frac"]
-    assert frac == sum(v["fallback"] for v in vs) / len(vs) and frac > 0.5
+    # (a turn that forces a decision gives its first candidate the marker: fewer fallbacks than plain turns)
+    assert frac == sum(v["fallback"] for v in vs) / len(vs) and frac > 0.25
 
 
 def free_port():
