@@ -280,7 +280,7 @@ def test_starting_with_keeps_the_candidates_that_begin_so_and_renormalises():
     assert q.texts == ["[DONATE $3] ok", "[DONATE $0]"] and q.probs == pytest.approx([0.75, 0.25])
     assert not starting_with(VSParse(texts=["no"], probs=[1.0]), "[DONATE $").ok
     assert starting_with(p, "") is p
-    assert "begin with [DONATE $" in instruction(3, "prob", start="[DONATE $")
+    assert "begin with `[DONATE $` and go on" in instruction(3, "prob", start="[DONATE $")
 
 
 def _forced_vs_turns(partner, n=6):

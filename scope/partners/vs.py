@@ -30,7 +30,7 @@ def instruction(k: int, method: str, max_words: int | None = None, start: str = 
         item = '{"text": "<reply>"}'
         tail = f"Give {k} different replies you might write next."
     length = f" Keep each reply under {max_words} words." if max_words else ""
-    begin = f" Each reply must begin with {start}" if start else ""
+    begin = f" Each reply must begin with `{start}` and go on from there." if start else ""  # (not next to "]")
     return (f"[{tail} Answer only with a JSON object of the form "
             f'{{"responses": [{item}, ...]}} and nothing else.{length}{begin}]')
 
