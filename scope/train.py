@@ -146,7 +146,7 @@ def train(cfg: Config, resume: bool = False, on_step_end: Callable[[int], None] 
         dead_steps = stop_if_dead(episodes, dead_steps, cfg.train.max_failed_steps, step)
         m: dict[str, float] = {"step": step, **episode_metrics(episodes), **endpoint_metrics(jobs, endpoint_seen),
                                 **scale_metrics(rollout, backends)}
-        m.update(step_diagnostics(cfg, step, jobs, episodes, classify, env_rng))
+        m.update(step_diagnostics(cfg, step, jobs, episodes, classify))
         m.update(probe.run(step, jobs, episodes))
         if cfg.partner.reward != "env":
             apply_partner_reward(cfg.partner.reward, episodes, "partner")
@@ -268,10 +268,12 @@ def watch_signal(owner: str, m: dict[str, float], counts: dict[str, int], warn_a
             f"reward ({prefix}zero_variance_frac, {prefix}reward_mean).")
 
 
-def step_diagnostics(cfg: Config, step: int, jobs: list[Job], episodes: list[Episode], classify,
-                     rng: random.Random) -> dict[str, float]:
+def step_diagnostics(cfg: Config, step: int, jobs: list[Job], episodes: list[Episode],
+                     classify) -> dict[str, float]:
     """Within-group similarity, partner behaviour modal mass and (every decompose_every steps) the
-    partner/agent variance split."""
+    partner/agent variance split, which draws on noise of its own (seeded by the run's seed and the step)
+    and gives the models' sampling generators back as it found them: turning it on changes no training
+    number."""
     m = {f"agent_{k}": v for k, v in group_similarity(episodes, "agent").items()}
     if classify is not None:  # at the states this step's rollouts shared (moves with the agent: see PartnerProbe)
         b = behaviour_stats(episodes, classify, "partner")
@@ -279,7 +281,7 @@ def step_diagnostics(cfg: Config, step: int, jobs: list[Job], episodes: list[Epi
         m.update({f"partner_behaviour/{k}": v for k, v in b.items() if not (isinstance(v, float) and math.isnan(v))})
     d = cfg.diagnostics
     if d.decompose_every and step % d.decompose_every == 0:
-        m.update(decompose(cfg, jobs, episodes, rng, classify))
+        m.update(decompose(cfg, jobs, episodes, random.Random(cfg.run.seed * 1_000_003 + step), classify))
     return m
 
 
@@ -317,7 +319,7 @@ def decompose(cfg: Config, jobs: list[Job], episodes: list[Episode], rng: random
     """Partner/agent split of the reward variance, within each task, on ``decompose_samples`` rollouts of
     each of ``decompose_tasks`` of this step's tasks (their agent turns replayed against resampled
     partners); with a classifier, also the partner's modal mass at those replayed states."""
-    from .eval import nested_variance
+    from .eval import fixed_sampling, nested_variance
 
     d = cfg.diagnostics
     binding = {id(j.episode): j.refs["partner"] for j in jobs}
@@ -327,10 +329,11 @@ def decompose(cfg: Config, jobs: list[Job], episodes: list[Episode], rng: random
         if not e.failed:
             groups.setdefault(e.group_id, []).append(e)
     firsts = [e for g in list(groups.values())[:d.decompose_tasks] for e in g[:d.decompose_samples]]
-    v = nested_variance(firsts, tasks, jobs[0].refs["agent"].sampling, lambda e: binding[id(e)], cfg.env.name,
-                        cfg.env.options, d.decompose_resamples, random.Random(rng.random()),
-                        max_context=cfg.rollout.max_context, classify=classify,
-                        end_on_truncation=cfg.rollout.end_on_truncation)
+    with fixed_sampling([binding[id(e)].ref for e in firsts], rng.randrange(2**31)):
+        v = nested_variance(firsts, tasks, jobs[0].refs["agent"].sampling, lambda e: binding[id(e)], cfg.env.name,
+                            cfg.env.options, d.decompose_resamples, random.Random(rng.random()),
+                            max_context=cfg.rollout.max_context, classify=classify,
+                            end_on_truncation=cfg.rollout.end_on_truncation)
     return {f"collapse/{k}_var" if k in ("total", "partner", "agent") else f"collapse/{k}": val
             for k, val in v.items() if not math.isnan(val)}
 

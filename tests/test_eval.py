@@ -258,6 +258,29 @@ def test_training_logs_the_variance_decomposition(tmp_path):
         assert m["collapse/tasks"] == 2 and 0 <= m["collapse/modal_mass"] <= 1
 
 
+def test_the_decomposition_changes_no_training_number(tmp_path):
+    """It draws on noise of its own and gives the generators back: a run with it on trains exactly as one
+    without it (so turning it on in a reported config does not change the reported run)."""
+    def run(name, every):
+        cfg = parse_config({
+            "run": {"dir": str(tmp_path / name), "save_every": 10, "progress": False, "save_rollouts": False},
+            "models": {"policy": {"path": "tiny-random"}},
+            "agent": {"model": "policy", "trainable": True, "max_new_tokens": 8},
+            "partner": {"model": "policy", "max_new_tokens": 8, "temperature": 1.0},
+            "env": {"name": "p4g", "options": {"max_turns": 2, "force_decision": True}},
+            "rollout": {"n_tasks": 3, "group_size": 2, "end_on_truncation": False},
+            "train": {"steps": 3, "lr": 1e-3},
+            "diagnostics": {"decompose_every": every, "decompose_tasks": 2, "decompose_resamples": 3}})
+        train(cfg, log=lambda s: None)
+        return read_metrics(str(tmp_path / name))
+
+    off, on = run("off", 0), run("on", 1)
+    assert all("collapse/partner_var" in m for m in on) and not any("collapse/partner_var" in m for m in off)
+    for a, b in zip(off, on):
+        for k in ("reward_mean", "reward_std", "policy_entropy", "train/loss", "train/kl", "tokens_generated"):
+            assert a[k] == b[k], (a["step"], k)
+
+
 def test_a_panel_plays_every_task_of_the_split_by_default():
     from scope.envs import get_env
     from scope.eval import Panel, panel_jobs
