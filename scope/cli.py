@@ -59,8 +59,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     refs = frozen_refs(models, backends, cfg.run.seed)
     from .setup import build_judge
 
+    from .panels import run_sharing
+
     res = evaluate(agent, panel, refs, cfg.env.name, cfg.env.options, args.split, max_context=cfg.rollout.max_context,
-                   end_on_truncation=cfg.rollout.end_on_truncation, judge=build_judge(cfg, backends))
+                   end_on_truncation=cfg.rollout.end_on_truncation, judge=build_judge(cfg, backends),
+                   sharing=run_sharing(cfg, panel))
     title = f"{args.policy} on {os.path.basename(args.panel)} ({args.split})"
     write_results(res, args.out, title)
     print(markdown(res, title))

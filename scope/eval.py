@@ -162,9 +162,16 @@ def panel_jobs(agent: Binding, panel: Panel, refs: dict[str, Any], env_name: str
 
 def evaluate(agent: Binding, panel: Panel, refs: dict[str, Any], env_name: str, env_options: dict,
              split: str, seed: int | None = None, max_context: int = 4096, end_on_truncation: bool = True,
-             judge: Binding | None = None) -> dict[str, Any]:
+             judge: Binding | None = None, sharing: dict[str, Any] | None = None) -> dict[str, Any]:
     """The agent against every panel partner. ``seed`` defaults to the panel's own (fixed) seed.
-    Truncated replies are handled as in training (``end_on_truncation``)."""
+    Truncated replies are handled as in training (``end_on_truncation``). ``sharing`` (from
+    :func:`scope.panels.run_sharing`) records what each member shares with the run's training simulators.
+
+    Per partner: the mean reward, its standard error and its 95% Wilson interval (``lo``, ``hi``); per
+    group (seen, unseen, panel): the mean of its partners' means with a 95% bootstrap interval over the
+    tasks, every partner resampled with the same tasks (``scope.stats``), and that bootstrap's s.e."""
+    from .stats import cells_of, task_bootstrap, wilson
+
     seed = panel.seed if seed is None else seed
     agent = Binding(id=agent.id, ref=agent.ref, vs=agent.vs, note=agent.note,
                     sampling=SamplingParams(temperature=panel.temperature, top_p=agent.sampling.top_p,
@@ -180,10 +187,23 @@ def evaluate(agent: Binding, panel: Panel, refs: dict[str, Any], env_name: str, 
         ok = [e.rewards.get("agent", 0.0) for e in eps if not e.failed]
         m = sum(ok) / len(ok) if ok else float("nan")
         sd = math.sqrt(sum((x - m) ** 2 for x in ok) / (len(ok) - 1)) if len(ok) > 1 else float("nan")
+        lo, hi = wilson(m, len(ok))
         per[p.spec_id()] = {"mean": m, "n": len(ok), "failed": len(eps) - len(ok), "seen": p.seen,
-                            "se": sd / math.sqrt(len(ok)) if len(ok) > 1 else float("nan"),
+                            "se": sd / math.sqrt(len(ok)) if len(ok) > 1 else float("nan"), "lo": lo, "hi": hi,
                             "truncated": sum(e.status == "truncated" for e in eps)}
-    return summarize(per) | {"episodes": [e.summary() for e in episodes]}
+        if sharing and p.spec_id() in sharing:
+            per[p.spec_id()]["shares"] = sharing[p.spec_id()].shared()
+    out = summarize(per)
+    summaries = [e.summary() for e in episodes]
+    cells = cells_of(summaries)
+    for key, sel in (("panel", lambda v: True), ("seen", lambda v: v["seen"]), ("unseen", lambda v: not v["seen"])):
+        ids = [k for k, v in per.items() if sel(v)]
+        if ids:
+            b = task_bootstrap([cells], ids)
+            out[f"{key}_lo"], out[f"{key}_hi"] = b["lo"], b["hi"]
+            if not math.isnan(b["se"]):
+                out[f"{key}_se"] = b["se"]
+    return out | {"episodes": summaries}
 
 
 def _mean_std(xs: list[float]) -> tuple[float, float]:
@@ -215,16 +235,26 @@ def summarize(per: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 
 def markdown(res: dict[str, Any], title: str = "evaluation") -> str:
+    from .panels import SAME_WEIGHTS_MARK
+
     f = lambda x: "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3f}"  # noqa: E731
-    lines = [f"### {title}", "", "| partner | seen | mean reward | ± s.e. | episodes | failed | truncated |",
-             "|---|---|---|---|---|---|---|"]
+    iv = lambda r, k: f"[{f(r.get(k + 'lo'))}, {f(r.get(k + 'hi'))}]"  # noqa: E731
+    lines = [f"### {title}", "", "| partner | seen | mean reward | 95% interval (Wilson) | ± s.e. | episodes | failed | "
+             "truncated | shares with the training simulators |", "|---|---|---|---|---|---|---|---|---|"]
+    marked = False
     for pid, v in res["per_partner"].items():
-        lines.append(f"| {pid} | {'yes' if v['seen'] else 'no'} | {f(v['mean'])} | {f(v.get('se'))} | {v['n']} | "
-                     f"{v['failed']} | {v.get('truncated', 0)} |")
-    lines += ["", f"panel mean {f(res['panel_mean'])} ± {f(res['panel_std'])} (std across partners; s.e. "
-                  f"{f(res.get('panel_se'))}); seen {f(res['seen_mean'])} (s.e. {f(res.get('seen_se'))}); "
-                  f"unseen {f(res['unseen_mean'])} (s.e. {f(res.get('unseen_se'))})", ""]
-    return "\n".join(lines)
+        same = "weights" in v.get("shares", [])
+        marked |= same and not v["seen"]
+        lines.append(f"| {pid}{SAME_WEIGHTS_MARK if same and not v['seen'] else ''} | {'yes' if v['seen'] else 'no'} | "
+                     f"{f(v['mean'])} | {iv(v, '')} | {f(v.get('se'))} | {v['n']} | {v['failed']} | "
+                     f"{v.get('truncated', 0)} | {', '.join(v.get('shares', [])) or 'n/a'} |")
+    lines += ["", f"panel mean {f(res['panel_mean'])} ± {f(res['panel_std'])} (std across partners), 95% interval "
+                  f"{iv(res, 'panel_')}; seen {f(res['seen_mean'])} {iv(res, 'seen_')}; unseen "
+                  f"{f(res['unseen_mean'])} {iv(res, 'unseen_')} (group intervals: bootstrap over the tasks, "
+                  "the same resample for every partner)"]
+    if marked:
+        lines += ["", f"{SAME_WEIGHTS_MARK}: an unseen partner that runs on a training simulator's weights (the rest of its row says what else it shares)."]
+    return "\n".join(lines + [""])
 
 
 def write_results(res: dict[str, Any], out_dir: str, title: str = "evaluation") -> None:

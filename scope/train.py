@@ -184,6 +184,7 @@ class PanelEval:
 
     def __init__(self, cfg: Config, backends: dict, agent_ref, run: RunDir, judge=None):
         from .eval import frozen_refs, load_panel
+        from .panels import run_sharing
         from .partners.binding import spec_binding
 
         self.cfg, self.rundir, self.judge = cfg, run, judge
@@ -194,6 +195,7 @@ class PanelEval:
         models.update(self.panel.models)
         self.refs = frozen_refs(models, backends, cfg.run.seed)
         self.agent = spec_binding(cfg.agent, agent_ref)
+        self.sharing = run_sharing(cfg, self.panel)
         recover_dir(run.file("best"))  # a crash while best/ was being replaced
         self.best_path = run.file("best", "best.json")
         self.best = json.load(open(self.best_path))["score"] if os.path.exists(self.best_path) else -math.inf
@@ -204,7 +206,7 @@ class PanelEval:
         c = self.cfg
         res = evaluate(self.agent, self.panel, self.refs, c.env.name, c.env.options,
                        self.panel.split or c.env.eval_split, max_context=c.rollout.max_context,
-                       end_on_truncation=c.rollout.end_on_truncation, judge=self.judge)
+                       end_on_truncation=c.rollout.end_on_truncation, judge=self.judge, sharing=self.sharing)
         write_results(res, self.rundir.file("eval", f"step_{step:06d}"), f"step {step}")
         out = {f"eval/{k}": res[k] for k in ("panel_mean", "panel_std", "seen_mean", "unseen_mean", "panel_se",
                                               "seen_se", "unseen_se") if not math.isnan(res[k])}

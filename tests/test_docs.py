@@ -88,7 +88,7 @@ def test_every_config_the_docs_name_loads(path):
     own loaders."""
     full = os.path.join(ROOT, path)
     assert os.path.exists(full), f"the docs name {path}, which does not exist"
-    if "/panels/" in path or path.endswith("lab/panel.yaml"):
+    if "/panels/" in path or path.endswith("/panel.yaml"):
         from scope.eval import load_panel
 
         load_panel(full)

@@ -1,6 +1,9 @@
-"""Held out means held out: no unseen panel member shares text, prompt, decoding or model with any
-paradigm's training simulators, in every shipped panel, checked against every shipped training config of
-the same environment (rotation members, notes, persona pools, VS, the lab's simulator models)."""
+"""What the held-out panels' unseen members share with the training simulators, checked as docs/evaluation.md
+words it, in every shipped panel against every shipped training config of the same environment (rotation
+members, notes, persona pools, VS, the lab's simulator models): no unseen member shares a note, a persona
+text or Verbalized Sampling's decoding with any training simulator; every member plays the environment's
+system prompt with plain sampling; the members that run on a training simulator's weights are exactly the
+ones docs/evaluation.md's table lists (and marks with a dagger in every table)."""
 import glob
 import os
 import re
@@ -9,50 +12,10 @@ import pytest
 
 from scope.config import load_config
 from scope.eval import load_panel
+from scope.panels import same_weights, sharing, shares_text, training_simulators, weights_of
 from scope.partners.sources import load_personas
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STOP = set("""a an and are as at be before but by do does for from give given gives have her his i if in into is it
-its me more most much my no not of on only or other so than that the their them then they this to too very was
-we what when which who will with without you your yours answer answers one ones reply replies message messages
-manner""".split())
-
-
-def stems(text: str) -> set[str]:
-    """Content words, crudely stemmed: enough to catch a persona rewritten in other words' company."""
-    out = set()
-    for w in re.findall(r"[a-z]+", text.lower()):
-        if w in STOP or len(w) < 4:
-            continue
-        for suf in ("ically", "ical", "ally", "ness", "ing", "ed", "ly", "es", "s", "al", "y"):
-            if w.endswith(suf) and len(w) - len(suf) >= 4:
-                w = w[: -len(suf)]
-                break
-        out.add(w)
-    return out
-
-
-def shares_text(a: str, b: str) -> bool:
-    """Two texts share text when they have two or more content stems in common (or one text is in the other)."""
-    a, b = a.strip().lower(), b.strip().lower()
-    if not a or not b:
-        return False
-    return a in b or b in a or len(stems(a) & stems(b)) >= 2
-
-
-def training_sources(cfg) -> list[dict]:
-    """Every simulator a config trains against: its model spec, decoding, temperature and texts."""
-    p = cfg.partner
-    specs = p.rotation if p.source == "rotation" else [p]
-    out = []
-    for s in specs:
-        texts = [s.note] if s.note else []
-        if p.source == "persona":
-            texts += [x["text"] for x in load_personas(p.personas)]
-        m = cfg.models[s.model]
-        out.append({"model": (m.path, tuple(sorted((m.options or {}).items())), m.adapter), "decoding": s.decoding,
-                    "temperature": s.temperature, "texts": texts, "note": s.note})
-    return out
 
 
 def shipped_training_configs():
@@ -77,10 +40,11 @@ def panels_by_env():
             panels.setdefault(path, (cfg.env.name, dict(cfg.models)))
     out = {}
     for path, (env, models) in panels.items():
-        sources = [s for f, cfg in cfgs if cfg.env.name == env for s in training_sources(cfg)]
+        sources = [s for f, cfg in cfgs if cfg.env.name == env for s in training_simulators(cfg)]
         if env != "lab":  # the builtin persona pool is a persona paradigm's pool in every dialogue environment
-            sources.append({"model": None, "decoding": "plain", "temperature": None, "note": None,
-                            "texts": [x["text"] for x in load_personas("builtin")]})
+            from scope.panels import Simulator
+
+            sources.append(Simulator((None,), "plain", None, [x["text"] for x in load_personas("builtin")]))
         out[path] = (env, models, sources)
     return out
 
@@ -97,26 +61,55 @@ def test_the_text_rule_catches_a_paraphrase_and_passes_unrelated_text():
                            "before you agree to anything.")
 
 
+def documented_same_weights() -> dict[str, set[str]]:
+    """docs/evaluation.md's table: panel file -> the unseen members it says run on training weights."""
+    text = open(os.path.join(ROOT, "docs", "evaluation.md")).read()
+    out = {}
+    for m in re.finditer(r"^\| `(configs/[^`]+)` \| ([^|]*) \|", text, re.MULTILINE):
+        out[os.path.normpath(os.path.join(ROOT, m.group(1)))] = set(re.findall(r"`([^`]+)`", m.group(2)))
+    return out
+
+
 @pytest.mark.parametrize("panel_path", sorted(panels_by_env()), ids=lambda p: os.path.relpath(p, ROOT))
-def test_unseen_panel_members_share_nothing_with_any_training_simulator(panel_path):
+def test_unseen_panel_members_share_what_the_docs_say_and_nothing_else(panel_path):
     env, cfg_models, sources = panels_by_env()[panel_path]
     panel = load_panel(panel_path)
     models = {**cfg_models, **panel.models}
     unseen = [p for p in panel.partners if not p.seen]
     assert unseen, f"{panel_path}: no unseen partner"
+    shared = sharing(panel, models, sources)
     for p in unseen:
-        m = models[p.model]
-        spec = (m.path, tuple(sorted((m.options or {}).items())), m.adapter)
+        sh = shared[p.spec_id()]
         assert p.decoding == "plain", f"{p.id}: decoding {p.decoding} is a training paradigm's (Verbalized Sampling)"
+        assert not sh.note, f"{p.id}: its note shares text with a training simulator's"
+        assert not sh.persona, f"{p.id}: a persona of it shares text with a training simulator's"
+        assert sh.system_prompt  # the environment's own prompt, which the docs say every member plays
+        w = weights_of(models, p.model, p.adapter)
         for s in sources:
-            for t in s["texts"]:
-                assert not shares_text(p.note, t), f"{p.id}: its note shares text with a training simulator's: {t!r}"
-                if p.personas:
-                    for x in load_personas(p.personas):
-                        assert not shares_text(x["text"], t), f"{p.id}: persona {x['id']} shares text with {t!r}"
-            same_sim = spec == s["model"] and p.note == s["note"] and not p.personas and p.adapter is None
-            assert not same_sim, f"{p.id}: the same model and prompt as a training simulator (only sampling differs)"
+            assert not (w == s.weights and p.note == s.note and not p.personas), \
+                f"{p.id}: the same model and prompt as a training simulator (only sampling differs)"
         if env == "lab":  # the lab's simulators differ in the behaviour they reward, not only in style
-            trained = {dict(s["model"][1]).get("temperament") for s in sources if s["model"][0] == "lab:customer"}
-            assert dict(spec[1]).get("temperament") not in trained, \
-                f"{p.id}: temperament {dict(spec[1]).get('temperament')} is a training simulator's"
+            spec = models[p.model]
+            trained = {dict(s.weights[1]).get("temperament") for s in sources if s.weights[0] == "lab:customer"}
+            assert (spec.options or {}).get("temperament") not in trained, \
+                f"{p.id}: temperament {(spec.options or {}).get('temperament')} is a training simulator's"
+    docs = documented_same_weights()
+    assert panel_path in docs, f"docs/evaluation.md has no row for {os.path.relpath(panel_path, ROOT)}"
+    assert same_weights(panel, models, sources) == docs[panel_path], \
+        f"{os.path.relpath(panel_path, ROOT)}: docs/evaluation.md lists {sorted(docs[panel_path])} on training weights"
+
+
+def test_same_weights_members_are_marked_in_the_evaluation_table():
+    from scope.eval import markdown
+
+    cfg = load_config(os.path.join(ROOT, "configs", "p4g_mini", "single.yaml"))
+    panel = load_panel(os.path.join(ROOT, "configs", "p4g_mini", "panel.yaml"))
+    from scope.panels import run_sharing
+
+    sh = run_sharing(cfg, panel)
+    per = {p.spec_id(): {"mean": 0.5, "n": 8, "failed": 0, "seen": p.seen, "shares": sh[p.spec_id()].shared()}
+           for p in panel.partners}
+    md = markdown({"per_partner": per, "panel_mean": 0.5, "panel_std": 0.0, "seen_mean": 0.5, "unseen_mean": 0.5})
+    for pid in ("lowercase-texter", "night-nurse", "church-giver"):
+        assert f"| {pid}† | no |" in md
+    assert "| fitted-to-people | no |" in md and "| smol-t0.7 | yes |" in md

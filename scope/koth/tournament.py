@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..stats import wilson
 from .game import Games
 from .policies import play
 
@@ -38,15 +39,6 @@ def stats(results: list[float]) -> dict[str, Any]:
     p = binomtest(wins, wins + losses, 0.5).pvalue if wins + losses else float("nan")
     return {"games": len(r), "wins": wins, "draws": draws, "losses": losses, "score": mean,
             "ci95": wilson(mean, len(r)), "p_even": float(p)}
-
-
-def wilson(p: float, n: int, z: float = 1.96) -> list[float]:
-    """The Wilson score interval of a proportion ``p`` over ``n`` trials."""
-    if n == 0:
-        return [float("nan"), float("nan")]
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return [max(0.0, centre - half), min(1.0, centre + half)]
 
 
 def two_proportion(a: dict[str, Any], b: dict[str, Any]) -> float:

@@ -22,6 +22,8 @@ import time
 from collections import Counter
 from typing import Any, Callable
 
+from ..stats import Cells
+
 PARADIGMS = ("base", "single", "ensemble", "persona", "persona_evolved", "vs", "cotrain", "population")
 """Every paradigm the grid knows; a grid runs those of them that have a config in its directory
 (``persona_evolved``: the persona paradigm with evolved personas, in ``configs/p4g_mini`` only)."""
@@ -55,6 +57,10 @@ def evaluate_untrained(cfg, log: Callable[[str], None]) -> None:
 
     run = RunDir(cfg.run.dir, cfg)
     seed_all(cfg.run.seed)
+    if cfg.run.threads:
+        import torch
+
+        torch.set_num_threads(cfg.run.threads)
     backends, _, trainable = build_models(cfg)
     evaluator = PanelEval(cfg, backends, trainable["agent"], run, build_judge(cfg, backends))
     m = evaluator.run(0, log)
@@ -86,6 +92,10 @@ def run_lab(out: str, configs: str = "configs/lab", paradigms: tuple[str, ...] |
     os.makedirs(out, exist_ok=True)
     t_all = time.time()
     first = load_config(os.path.join(configs, "single.yaml"), overrides)
+    if first.run.threads:  # the lab's models are built and its runs trained at the configured thread count
+        import torch
+
+        torch.set_num_threads(first.run.threads)
     cards = simulator_cards(out, first, log) if first.env.name == "lab" else {}  # the lab's simulators, measured
     for seed in range(seeds):
         for p in paradigms:
@@ -111,15 +121,33 @@ def run_lab(out: str, configs: str = "configs/lab", paradigms: tuple[str, ...] |
             log(f"lab: {LABELS[p]} seed {seed}: held-out unseen {_f(r.get('unseen'))}, "
                 f"seen {_f(r.get('seen'))}, train reward {_f(r.get('train_reward'))} "
                 f"({time.time() - t0:.0f}s; {time.time() - t_all:.0f}s so far)")
-    results = aggregate(out, [p for p in PARADIGMS if p in paradigms], seeds)
+    results = aggregate(out, [p for p in PARADIGMS if p in paradigms], seeds,
+                        grid_same_weights(configs, overrides, paradigms))
     with open(os.path.join(out, "dialogues.md"), "w") as f:
         f.write(dialogue_cards(out, [p for p in PARADIGMS if p in paradigms]))
     results["simulators"] = cards
     results["quick"], results["seeds"] = quick, seeds
+    import torch
+
+    results["threads"] = torch.get_num_threads()
     results["seconds"] = time.time() - t_all
     write_outputs(out, results)
     log(f"lab: wrote {out}/table.md, {out}/curves.png and {out}/results.json in {time.time() - t_all:.0f}s")
     return results
+
+
+def grid_same_weights(configs: str, overrides: list[str], paradigms) -> set[str]:
+    """The panel's unseen simulators that run on the weights of a training simulator of any paradigm of
+    the grid (``scope.panels``), marked in its tables."""
+    from ..config import load_config
+    from ..eval import load_panel
+    from ..panels import same_weights, training_simulators
+
+    cfgs = [load_config(os.path.join(configs, p + ".yaml"), overrides) for p in paradigms if p != "base"]
+    if not cfgs or not cfgs[0].eval.panel:
+        return set()
+    panel = load_panel(cfgs[0].eval.panel)
+    return same_weights(panel, {**cfgs[0].models, **panel.models}, [s for c in cfgs for s in training_simulators(c)])
 
 
 def simulator_cards(out: str, cfg, log: Callable[[str], None]) -> dict[str, dict[str, Any]]:
@@ -202,8 +230,41 @@ def _mean_std(xs: list[float | None]) -> tuple[float, float]:
     return m, (math.sqrt(sum((x - m) ** 2 for x in vals) / (len(vals) - 1)) if len(vals) > 1 else 0.0)
 
 
+TRAIN_WINDOW = 4
+"""Steps over which every end-of-training figure is taken (training reward, entropy and zero-variance at the
+end: the mean of the last TRAIN_WINDOW steps; entropy at the start: the mean of the first TRAIN_WINDOW)."""
+
+
+def eval_cells(run_dir: str) -> tuple[dict[int, Cells], dict[str, bool], dict[int, dict[str, int]]]:
+    """Each evaluation of a run as :data:`scope.stats.Cells` (simulator -> task -> mean reward), by step,
+    each simulator's seen flag and, by step, each simulator's number of dialogues, from ``eval/step_N/eval_episodes.jsonl`` and ``eval.json``."""
+    from ..stats import cells_of
+
+    d = os.path.join(run_dir, "eval")
+    cells: dict[int, Cells] = {}
+    seen: dict[str, bool] = {}
+    counts: dict[int, dict[str, int]] = {}
+    for name in sorted(os.listdir(d)) if os.path.isdir(d) else []:
+        path = os.path.join(d, name, "eval_episodes.jsonl")
+        if not name.startswith("step_") or not os.path.exists(path):
+            continue
+        with open(path) as f:
+            cells[int(name[len("step_"):])] = cells_of(json.loads(x) for x in f if x.strip())
+        if os.path.exists(os.path.join(d, name, "eval.json")):
+            with open(os.path.join(d, name, "eval.json")) as f:
+                per = json.load(f)["per_partner"]
+            seen = {k: bool(v["seen"]) for k, v in per.items()}
+            counts[int(name[len("step_"):])] = {k: int(v["n"]) for k, v in per.items()}
+    return cells, seen, counts
+
+
+def _window(xs: list[float], end: bool = True) -> float | None:
+    xs = xs[-TRAIN_WINDOW:] if end else xs[:TRAIN_WINDOW]
+    return sum(xs) / len(xs) if xs else None
+
+
 def run_summary(run_dir: str) -> dict[str, Any]:
-    """Final scores, curves and collapse signatures of one run."""
+    """Final scores, curves, every evaluation's per-task rewards and the collapse signatures of one run."""
     from ..run import read_metrics
 
     ms = read_metrics(run_dir)
@@ -211,21 +272,29 @@ def run_summary(run_dir: str) -> dict[str, Any]:
     tr = [m for m in ms if "reward_mean" in m]
     last = ev[-1] if ev else {}
     curves = {k: [(m["step"], m[k]) for m in ms if isinstance(m.get(k), (int, float))] for k, _ in CURVES}
+    for k in ("collapse/partner_share", "collapse/partner_var", "collapse/agent_var"):
+        curves[k] = [(m["step"], m[k]) for m in ms if isinstance(m.get(k), (int, float))]
+    cells, seen_flags, counts = eval_cells(run_dir)
     out = {"seen": last.get("eval/seen_mean"), "unseen": last.get("eval/unseen_mean"),
            "all": last.get("eval/panel_mean"), "unseen_se": last.get("eval/unseen_se"),
            "seen_se": last.get("eval/seen_se"), "panel_se": last.get("eval/panel_se"), "curves": curves,
-           "per_partner": {k[len("eval/partner/"):]: v for k, v in last.items() if k.startswith("eval/partner/")}}
+           "per_partner": {k[len("eval/partner/"):]: v for k, v in last.items() if k.startswith("eval/partner/")},
+           "cells": {str(k): v for k, v in cells.items()}, "seen_flags": seen_flags,
+           "dialogues": counts.get(last.get("step"), {}),
+           "last_eval_step": last.get("step")}
     if tr:
-        k = max(1, len(tr) // 10)  # the last tenth of training, smoothed
-        out["train_reward"] = sum(m["reward_mean"] for m in tr[-k:]) / k
+        out["train_reward"] = _window([m["reward_mean"] for m in tr])
+        out["train_reward_start"] = _window([m["reward_mean"] for m in tr], end=False)
         ent = [m["policy_entropy"] for m in tr if "policy_entropy" in m]
-        out["entropy_start"], out["entropy_end"] = (ent[0], sum(ent[-k:]) / len(ent[-k:])) if ent else (None, None)
-        zv = [m["zero_variance_frac"] for m in tr if "zero_variance_frac" in m]
-        out["zero_variance_end"] = sum(zv[-k:]) / len(zv[-k:]) if zv else None
+        out["entropy_start"], out["entropy_end"] = _window(ent, end=False), _window(ent)
+        out["zero_variance_end"] = _window([m["zero_variance_frac"] for m in tr if "zero_variance_frac" in m])
+        share = [v for _, v in curves["collapse/partner_share"]]
+        out["partner_share_start"], out["partner_share_end"] = share[0] if share else None, _window(share)
     un = curves["eval/unseen_mean"]
     trained = [(s, v) for s, v in un if s > 0]  # the step-0 evaluation is Base, not a point of this run's curve
     if trained:
         out["unseen_peak"] = max(v for _, v in trained)
+        out["unseen_peak_step"] = max(trained, key=lambda sv: (sv[1], -sv[0]))[0]
         out["unseen_drop_from_peak"] = out["unseen_peak"] - trained[-1][1]
         start = [v for s, v in un if s == 0]
         if start:
@@ -238,67 +307,200 @@ def run_summary(run_dir: str) -> dict[str, Any]:
     return out
 
 
-def aggregate(out: str, paradigms: list[str], seeds: int) -> dict[str, Any]:
+def _group(r: dict[str, Any], which: str) -> list[str]:
+    flags = r.get("seen_flags", {})
+    return [k for k, v in flags.items() if which == "all" or v == (which == "seen")]
+
+
+def _cells_at(r: dict[str, Any], step: Any) -> Cells | None:
+    return r.get("cells", {}).get(str(step)) if step is not None else None
+
+
+def peak_test(r: dict[str, Any]) -> dict[str, Any]:
+    """Single's unseen peak (its best trained evaluation) against Base (its own step-0 evaluation), paired
+    over the tasks: the difference, its bootstrap s.e. and interval, and whether it exceeds two s.e.
+    ("peaks" is written only then). The peak is the maximum of several noisy evaluations, so two s.e. is
+    a lenient bar; the test is one-sided at the chosen step. Also the final evaluation against Base."""
+    from ..stats import exceeds, task_bootstrap
+
+    unseen = _group(r, "unseen")
+    base, peak, end = _cells_at(r, 0), _cells_at(r, r.get("unseen_peak_step")), _cells_at(r, r.get("last_eval_step"))
+    if base is None or peak is None or end is None or not unseen:
+        return {}
+    d = task_bootstrap([peak], unseen, minus=[base])
+    e = task_bootstrap([end], unseen, minus=[base])
+    return {"peak_step": r["unseen_peak_step"], "peak_minus_base": d, "peaks": exceeds(d),
+            "end_minus_base": e, "ends_below_base": bool(e["hi"] < 0)}
+
+
+def aggregate(out: str, paradigms: list[str], seeds: int, same_weights: set[str] | None = None) -> dict[str, Any]:
+    """Per paradigm: the means over seeds, their evaluation intervals (a bootstrap over the tasks, every
+    simulator and seed resampled with the same tasks: ``scope.stats.task_bootstrap``) and the seeds' own
+    values (their spread, reported beside the interval, not in it); per simulator, the mean over seeds with
+    a Wilson interval over all its episodes; and the signatures."""
+    from ..stats import task_bootstrap, wilson
+
     runs = {p: [run_summary(os.path.join(out, p, f"seed{s}")) for s in range(seeds)
                 if os.path.exists(os.path.join(out, p, f"seed{s}", "metrics.jsonl"))] for p in paradigms}
     summary = {}
     for p, rs in runs.items():
-        row: dict[str, float] = {"seeds": len(rs)}
-        for k in ("seen", "unseen", "all", "train_reward", "entropy_start", "entropy_end", "zero_variance_end",
-                  "unseen_peak", "unseen_drop_from_peak", "unseen_peak_over_start", "unseen_at_best_seen"):
-            row[k], row[k + "_std"] = _mean_std([r.get(k) for r in rs])
-        row["noise_unseen_se"] = _mean_std([r.get("unseen_se") for r in rs])[0]
-        row["noise_seen_se"] = _mean_std([r.get("seen_se") for r in rs])[0]
+        row: dict[str, Any] = {"seeds": len(rs)}
+        for k in ("seen", "unseen", "all", "train_reward", "train_reward_start", "entropy_start", "entropy_end",
+                  "zero_variance_end", "unseen_peak", "unseen_drop_from_peak", "unseen_peak_over_start",
+                  "unseen_at_best_seen", "partner_share_start", "partner_share_end"):
+            vals = [r.get(k) for r in rs]
+            row[k], row[k + "_std"] = _mean_std(vals)
+            row[k + "_seeds"] = vals
+        for k, step_of in (("seen", "last_eval_step"), ("unseen", "last_eval_step"), ("all", "last_eval_step"),
+                           ("unseen_at_best_seen", "best_seen_step")):
+            group = "unseen" if k == "unseen_at_best_seen" else k
+            cells = [c for r in rs if (c := _cells_at(r, r.get(step_of))) is not None]
+            if cells and rs and _group(rs[0], group):
+                b = task_bootstrap(cells, _group(rs[0], group))
+                row[k + "_lo"], row[k + "_hi"] = b["lo"], b["hi"]
+                one = [task_bootstrap([c], _group(rs[0], group), resamples=500)["se"] for c in cells]
+                row[f"noise_{group}_se" if k != "unseen_at_best_seen" else "noise_best_se"] = _mean_std(one)[0]
+        row["per_simulator"] = {}
+        sims = {k for r in rs for k in (r.get("per_partner") or {})}
+        for sim in sorted(sims, key=lambda k: list(rs[0].get("per_partner", {})).index(k)
+                          if k in rs[0].get("per_partner", {}) else 99):
+            means = [r["per_partner"][sim] for r in rs if sim in (r.get("per_partner") or {})]
+            ns = [r.get("dialogues", {}).get(sim, 0) for r in rs if sim in (r.get("per_partner") or {})]
+            m = sum(means) / len(means)
+            # pooled over seeds: every dialogue of every seed a trial, at the seeds' dialogue-weighted mean
+            pooled = sum(x * n for x, n in zip(means, ns)) / sum(ns) if sum(ns) else m
+            lo, hi = wilson(pooled, sum(ns))
+            row["per_simulator"][sim] = {"mean": m, "lo": lo, "hi": hi, "dialogues": sum(ns),
+                                         "seen": rs[0].get("seen_flags", {}).get(sim),
+                                         "same_weights": sim in (same_weights or set())}
         summary[p] = row
-    return {"paradigms": summary, "runs": runs, "signatures": signatures(summary, runs)}
+    return {"paradigms": summary, "runs": runs, "signatures": signatures(summary, runs),
+            "same_weights": sorted(same_weights or [])}
 
 
 def signatures(summary: dict[str, dict], runs: dict[str, list]) -> dict[str, Any]:
-    """The collapse signatures of RL (Single), per seed, and each cure's margin over Single on the unseen
-    simulators (the thresholds the lab's tests assert)."""
+    """RL (Single)'s collapse signatures per seed (training reward over the last TRAIN_WINDOW steps, its
+    unseen peak tested against Base, its drop from the peak, where it ends against Base), each cure's
+    margin over Single on the unseen simulators with its paired interval, and which orderings among the
+    cures the numbers support (the thresholds the lab's tests assert). Entropy and zero-variance are
+    reported in the table, not here: they fall and climb under every paradigm of the lab."""
+    from ..stats import spread, task_bootstrap
+
     out: dict[str, Any] = {}
     single = runs.get("single") or []
-    if single:
-        out["single"] = [{
-            "train_reward": r.get("train_reward"),
-            "unseen_drop_from_peak": r.get("unseen_drop_from_peak"),
-            "unseen_peak_over_start": r.get("unseen_peak_over_start"),
-            "entropy_ratio": (r["entropy_end"] / r["entropy_start"]) if r.get("entropy_start") else None,
-            "zero_variance_end": r.get("zero_variance_end")} for r in single]
-        s_unseen = summary["single"]["unseen"]
-        out["cure_margin_unseen"] = {p: summary[p]["unseen"] - s_unseen for p in summary
-                                     if p not in ("single", "base")}
-        out["cure_ranking_unseen"] = sorted(out["cure_margin_unseen"], key=lambda p: -out["cure_margin_unseen"][p])
+    if not single:
+        return out
+    out["single"] = []
+    for r in single:
+        t = peak_test(r)
+        out["single"].append({"train_reward": r.get("train_reward"),
+                              "unseen_drop_from_peak": r.get("unseen_drop_from_peak"),
+                              "unseen_peak_over_start": r.get("unseen_peak_over_start"),
+                              "peak_step": t.get("peak_step"),
+                              "peak_minus_base_se": t.get("peak_minus_base", {}).get("se"),
+                              "peaks": t.get("peaks"), "end_minus_base": t.get("end_minus_base", {}).get("mean"),
+                              "end_minus_base_lo": t.get("end_minus_base", {}).get("lo"),
+                              "end_minus_base_hi": t.get("end_minus_base", {}).get("hi"),
+                              "ends_below_base": t.get("ends_below_base")})
+    s_unseen = summary["single"]["unseen"]
+    cures = [p for p in summary if p not in ("single", "base")]
+    out["cure_margin_unseen"] = {p: summary[p]["unseen"] - s_unseen for p in cures}
+    out["cure_ranking_unseen"] = sorted(cures, key=lambda p: -out["cure_margin_unseen"][p])
+
+    def final(p):
+        rs = runs.get(p) or []
+        return [c for r in rs if (c := _cells_at(r, r.get("last_eval_step"))) is not None], \
+            (_group(rs[0], "unseen") if rs else [])
+
+    s_cells, unseen = final("single")
+    out["cure_margin_interval"] = {}
+    for p in cures:
+        c, _ = final(p)
+        if c and s_cells and unseen:
+            b = task_bootstrap(c, unseen, minus=s_cells)
+            out["cure_margin_interval"][p] = [b["lo"], b["hi"]]
+    # an ordering a > b is supported only if the paired interval of a - b (evaluation noise) excludes 0 and
+    # every seed of a ends above every seed of b (the seeds' spread, which the interval does not hold)
+    supported = []
+    for a in cures:
+        for b in cures:
+            ca, cb = final(a)[0], final(b)[0]
+            if a == b or not ca or not cb:
+                continue
+            d = task_bootstrap(ca, unseen, minus=cb, resamples=1000)
+            if d["lo"] > 0 and spread(summary[a]["unseen_seeds"])[0] > spread(summary[b]["unseen_seeds"])[1] \
+                    and len(ca) > 1 and len(cb) > 1:
+                supported.append([a, b])
+    out["cure_orderings_supported"] = supported
     return out
 
 
+def _iv(r: dict, k: str, nd: int = 3) -> str:
+    """A mean with its evaluation interval: ``0.494 [0.451, 0.537]``."""
+    if r.get(k) is None or (isinstance(r[k], float) and math.isnan(r[k])):
+        return "n/a"
+    lo, hi = r.get(k + "_lo"), r.get(k + "_hi")
+    return _f(r[k], nd) + (f" [{_f(lo, nd)}, {_f(hi, nd)}]" if lo is not None and not math.isnan(lo) else "")
+
+
+def _seeds(r: dict, k: str, nd: int = 3) -> str:
+    vals = [v for v in r.get(k + "_seeds", []) if v is not None and not math.isnan(v)]
+    return ", ".join(_f(v, nd) for v in vals) if vals else "n/a"
+
+
 def table(results: dict[str, Any]) -> str:
+    from ..panels import SAME_WEIGHTS_MARK
+
     rows = results["paradigms"]
-    lines = ["| paradigm | held-out seen | held-out unseen | held-out all | unseen at the best-on-seen checkpoint | "
-             "training reward | entropy start -> end | zero-variance (end) | seeds |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| paradigm | held-out seen | held-out unseen | unseen, per seed | held-out all | unseen at the "
+             "best-on-seen checkpoint | training reward, per seed | entropy start -> end | zero-variance (end) | "
+             "seeds |", "|---|---|---|---|---|---|---|---|---|---|"]
     for p, r in rows.items():
-        pm = lambda k, r=r: _f(r[k]) if r["seeds"] < 2 else f"{_f(r[k])} ± {_f(r[k + '_std'])}"  # noqa: E731
         ent = "n/a" if math.isnan(r["entropy_start"]) else f"{_f(r['entropy_start'], 2)} -> {_f(r['entropy_end'], 2)}"
-        best = "n/a" if math.isnan(r["unseen_at_best_seen"]) else pm("unseen_at_best_seen")
-        lines.append(f"| {LABELS[p]} | {pm('seen')} | {pm('unseen')} | {pm('all')} | {best} | "
-                     f"{'n/a' if math.isnan(r['train_reward']) else pm('train_reward')} | {ent} | "
+        lines.append(f"| {LABELS[p]} | {_iv(r, 'seen')} | {_iv(r, 'unseen')} | {_seeds(r, 'unseen')} | {_iv(r, 'all')} | "
+                     f"{_iv(r, 'unseen_at_best_seen')} | {_seeds(r, 'train_reward')} | {ent} | "
                      f"{_f(r['zero_variance_end'], 2)} | {r['seeds']} |")
-    noise = [r["noise_unseen_se"] for r in rows.values() if not math.isnan(r["noise_unseen_se"])]
-    lines += ["", "Mean ± std over seeds (one seed: the value) of the final held-out reward "
-                  "(the panel's mean per simulator group). "
-                  f"Evaluation noise: the standard error of one run's unseen mean is about "
-                  f"{_f(sum(noise) / len(noise) if noise else float('nan'))} (seen: "
-                  f"{_f(_mean_std([r['noise_seen_se'] for r in rows.values()])[0])})."]
+    noise = [r["noise_unseen_se"] for r in rows.values() if not math.isnan(r.get("noise_unseen_se", math.nan))]
+    lines += ["", "Final held-out reward (the mean over seeds of the panel's mean per simulator group), with its 95% "
+                  "interval: a bootstrap over the evaluation's tasks, the same resample for every simulator and seed "
+                  "(evaluation noise given the trained policies). The seeds' own values are listed beside it: their "
+                  "spread is training noise, which the interval does not hold. "
+                  f"Training reward, entropy and zero-variance: the mean of the first / last {TRAIN_WINDOW} steps. "
+                  f"The bootstrap s.e. of one run's unseen mean is about {_f(sum(noise) / len(noise) if noise else math.nan)}."
+                  + (f" torch threads: {results['threads']} (the numbers depend on it)." if results.get("threads") else "")]
+    sims = list(next((r["per_simulator"] for r in rows.values() if r.get("per_simulator")), {}))
+    if sims:
+        same = set(results.get("same_weights", []))
+        lines += ["", "Final held-out reward per simulator (mean over seeds; 95% Wilson interval over all its "
+                      "dialogues of every seed" + (f"; {SAME_WEIGHTS_MARK}: an unseen simulator on a training "
+                                                  "simulator's weights" if same else "") + "):", "",
+                  "| paradigm | " + " | ".join(f"{k}{SAME_WEIGHTS_MARK if k in same else ''} "
+                                               f"({'seen' if rows[next(iter(rows))]['per_simulator'].get(k, {}).get('seen') else 'unseen'})"
+                                               for k in sims) + " |",
+                  "|---|" + "---|" * len(sims)]
+        for p, r in rows.items():
+            ps = r.get("per_simulator", {})
+            lines.append(f"| {LABELS[p]} | " + " | ".join(
+                f"{_f(ps[k]['mean'], 2)} [{_f(ps[k]['lo'], 2)}, {_f(ps[k]['hi'], 2)}]" if k in ps else "n/a"
+                for k in sims) + " |")
     sig = results.get("signatures", {})
     if sig.get("single"):
         lines += ["", "RL (Single), per seed: " + "; ".join(
-            f"train reward {_f(x['train_reward'], 2)}, unseen peak (steps after 0) over Base "
-            f"{_f(x['unseen_peak_over_start'], 2)}, unseen drop from that peak {_f(x['unseen_drop_from_peak'], 2)}, "
-            f"entropy end/start {_f(x['entropy_ratio'], 2)}, zero-variance {_f(x['zero_variance_end'], 2)}"
-            for x in sig["single"]) + "."]
-        lines += ["", "Margin over RL (Single) on the unseen simulators: " + ", ".join(
-            f"{LABELS[p]} {sig['cure_margin_unseen'][p]:+.3f}" for p in sig["cure_ranking_unseen"]) + "."]
+            f"training reward {_f(x['train_reward'], 2)}; unseen peak (step {x['peak_step']}) minus Base "
+            f"{_f(x['unseen_peak_over_start'], 3)} (2 s.e. = {_f(2 * (x['peak_minus_base_se'] or math.nan), 3)}: "
+            f"{'a peak' if x['peaks'] else 'not a peak, within the noise'}), then a drop of "
+            f"{_f(x['unseen_drop_from_peak'], 3)}; the end minus Base {_f(x['end_minus_base'], 3)} "
+            f"[{_f(x['end_minus_base_lo'], 3)}, {_f(x['end_minus_base_hi'], 3)}]"
+            f"{' (below Base)' if x['ends_below_base'] else ''}" for x in sig["single"]) + "."]
+        iv = sig.get("cure_margin_interval", {})
+        lines += ["", "Margin over RL (Single) on the unseen simulators (95% paired interval over the tasks): " + ", ".join(
+            f"{LABELS[p]} {sig['cure_margin_unseen'][p]:+.3f}"
+            + (f" [{iv[p][0]:+.3f}, {iv[p][1]:+.3f}]" if p in iv else "") for p in sig["cure_ranking_unseen"]) + "."]
+        sup = sig.get("cure_orderings_supported", [])
+        lines += ["", ("Orderings among the cures that the numbers support (paired interval above 0 and every seed above "
+                       "every seed): " + ", ".join(f"{LABELS[a]} > {LABELS[b]}" for a, b in sup) + ".") if sup else
+                  "No ordering among the cures is supported (none has a paired interval above 0 together with every "
+                  "seed above every seed of the other): the margins above are not a ranking."]
     return "\n".join(lines) + "\n"
 
 

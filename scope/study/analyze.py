@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from . import store
+from ..stats import bootstrap_ci, fisher, holm, welch  # noqa: F401 - the study's tests, re-exported
 from .config import kind_of
 from .survey import composite, items
 
@@ -33,58 +34,6 @@ BINARY = {"task_success", "goal_abandoned", "transferred", "finished"}
 DEFAULT_OUTCOMES = {"tau2": ["task_success", "reward", "satisfaction"], "p4g": ["donation", "experience"],
                     "koth": ["humanlike", "believability"]}
 _ASK = re.compile(r"\b(donat\w*|give|giving|contribut\w*|chip in|spare)\b", re.IGNORECASE)
-
-
-# ---- statistics ---------------------------------------------------------------------------------------
-def bootstrap_ci(xs: list[float], resamples: int = 10_000, seed: int = 0, level: float = 0.95
-                 ) -> tuple[float, float]:
-    """Percentile bootstrap CI of the mean; (nan, nan) for an empty sample."""
-    a = np.asarray(xs, dtype=float)
-    if a.size == 0:
-        return float("nan"), float("nan")
-    rng = np.random.default_rng(seed)
-    means = a[rng.integers(0, a.size, size=(resamples, a.size))].mean(axis=1)
-    lo, hi = np.quantile(means, [(1 - level) / 2, 1 - (1 - level) / 2])
-    return float(lo), float(hi)
-
-
-def welch(a: list[float], b: list[float]) -> dict[str, float]:
-    """Welch's t-test (two-sided): t, its Welch-Satterthwaite df and p."""
-    from scipy import stats
-
-    if len(a) < 2 or len(b) < 2:
-        return {"t": float("nan"), "df": float("nan"), "p": float("nan")}
-    va, vb = np.var(a, ddof=1) / len(a), np.var(b, ddof=1) / len(b)
-    if va + vb <= 1e-24 * (1.0 + float(np.mean(a)) ** 2 + float(np.mean(b)) ** 2):  # both constant
-        same = float(np.mean(a)) == float(np.mean(b))
-        return {"t": 0.0 if same else float("inf"), "df": float("nan"), "p": 1.0 if same else 0.0}
-    r = stats.ttest_ind(a, b, equal_var=False)
-    df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
-    return {"t": float(r.statistic), "df": float(df), "p": float(r.pvalue)}
-
-
-def fisher(a: list[float], b: list[float]) -> dict[str, float]:
-    """Fisher's exact test (two-sided) of two binary samples: odds ratio and p."""
-    from scipy import stats
-
-    if not a or not b:
-        return {"odds_ratio": float("nan"), "p": float("nan")}
-    a1, b1 = int(sum(a)), int(sum(b))
-    r = stats.fisher_exact([[a1, len(a) - a1], [b1, len(b) - b1]])
-    return {"odds_ratio": float(r.statistic), "p": float(r.pvalue)}
-
-
-def holm(ps: list[float]) -> list[float]:
-    """Holm-Bonferroni adjusted p-values (same order as ``ps``; nan stays nan and is not counted)."""
-    idx = [i for i, p in enumerate(ps) if not math.isnan(p)]
-    m = len(idx)
-    order = sorted(idx, key=lambda i: ps[i])
-    out = [float("nan")] * len(ps)
-    running = 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (m - rank) * ps[i]))
-        out[i] = running
-    return out
 
 
 # ---- outcomes from the database ---------------------------------------------------------------------

@@ -1,0 +1,137 @@
+"""What a held-out panel member shares with the simulators a run trains against.
+
+"Held out" has degrees. A panel member can differ from every training simulator in its weights, or only in
+the note appended to the same weights' prompt; every member of a panel plays the environment's own system
+prompt. :func:`sharing` says, per panel member, which of these it shares with any training simulator of
+the given configs, so that tables can mark the members that run on the training weights
+(:data:`SAME_WEIGHTS_MARK`) and a test can check the words the docs use.
+
+Shared aspects (``Sharing`` fields):
+
+- ``weights``: the same model (path, options) with no adapter of its own, as a training simulator (a
+  co-trained simulator counts by the weights it starts from);
+- ``note``: its note shares content words with a training simulator's note or persona text
+  (:func:`shares_text`: two or more content stems in common, or one text inside the other);
+- ``persona``: one of its personas shares text with a training simulator's note or persona;
+- ``decoding``: the same decoding (plain sampling or Verbalized Sampling) as a training simulator;
+- ``temperature``: the same sampling temperature as a training simulator;
+- ``system_prompt``: the environment's system prompt for the role, which every member shares (a note is
+  appended to it).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+SAME_WEIGHTS_MARK = "†"
+"""Marks, in every table, a held-out simulator that runs on a training simulator's weights."""
+
+STOP = set("""a an and are as at be before but by do does for from give given gives have her his i if in into is it
+its me more most much my no not of on only or other so than that the their them then they this to too very was
+we what when which who will with without you your yours answer answers one ones reply replies message messages
+manner""".split())
+
+
+def stems(text: str) -> set[str]:
+    """Content words, crudely stemmed: enough to catch a persona rewritten in other words' company."""
+    out = set()
+    for w in re.findall(r"[a-z]+", text.lower()):
+        if w in STOP or len(w) < 4:
+            continue
+        for suf in ("ically", "ical", "ally", "ness", "ing", "ed", "ly", "es", "s", "al", "y"):
+            if w.endswith(suf) and len(w) - len(suf) >= 4:
+                w = w[: -len(suf)]
+                break
+        out.add(w)
+    return out
+
+
+def shares_text(a: str | None, b: str | None) -> bool:
+    """Two texts share text when they have two or more content stems in common (or one is in the other)."""
+    a, b = (a or "").strip().lower(), (b or "").strip().lower()
+    if not a or not b:
+        return False
+    return a in b or b in a or len(stems(a) & stems(b)) >= 2
+
+
+@dataclass
+class Simulator:
+    """One simulator as far as sharing goes: its weights, decoding, temperature and texts."""
+
+    weights: tuple
+    decoding: str
+    temperature: float | None
+    texts: list[str] = field(default_factory=list)
+    note: str = ""
+
+
+@dataclass
+class Sharing:
+    weights: bool = False
+    note: bool = False
+    persona: bool = False
+    decoding: bool = False
+    temperature: bool = False
+    system_prompt: bool = True
+
+    def shared(self) -> list[str]:
+        return [k for k in ("weights", "note", "persona", "decoding", "temperature", "system_prompt")
+                if getattr(self, k)]
+
+
+def weights_of(models: dict[str, Any], name: str, adapter: str | None = None) -> tuple:
+    m = models[name]
+    return (m.path, tuple(sorted((m.options or {}).items())), adapter or m.adapter)
+
+
+def training_simulators(cfg) -> list[Simulator]:
+    """Every simulator a training config plays against: rotation members, the persona source's notes and
+    pool, the single spec (a pool or co-trained simulator starts from its spec's weights)."""
+    from .partners.sources import load_personas
+
+    p = cfg.partner
+    specs = p.rotation if p.source == "rotation" else [p]
+    out = []
+    for s in specs:
+        texts = [s.note] if s.note else []
+        if p.source == "persona":
+            texts += [x["text"] for x in load_personas(p.personas)]
+        out.append(Simulator(weights_of(cfg.models, s.model), s.decoding, s.temperature, texts, s.note))
+    return out
+
+
+def sharing(panel, models: dict[str, Any], sources: Iterable[Simulator]) -> dict[str, Sharing]:
+    """Per panel member (``spec_id``), what it shares with any of ``sources``; ``models`` resolves the
+    members' model names (the run's models and the panel's own)."""
+    from .partners.sources import load_personas
+
+    sources = list(sources)
+    out = {}
+    for p in panel.partners:
+        w = weights_of(models, p.model, p.adapter)
+        personas = [x["text"] for x in load_personas(p.personas)] if p.personas else []
+        texts = [t for s in sources for t in s.texts]
+        out[p.spec_id()] = Sharing(
+            weights=any(w == s.weights for s in sources),
+            note=any(shares_text(p.note, t) for t in texts),
+            persona=any(shares_text(x, t) for x in personas for t in texts),
+            decoding=any(p.decoding == s.decoding for s in sources),
+            temperature=any(s.temperature is not None and p.temperature == s.temperature for s in sources))
+    return out
+
+
+def same_weights(panel, models: dict[str, Any], sources: Iterable[Simulator]) -> set[str]:
+    """The ids of the panel's unseen members that run on a training simulator's weights."""
+    seen = {p.spec_id(): p.seen for p in panel.partners}
+    return {k for k, v in sharing(panel, models, sources).items() if v.weights and not seen[k]}
+
+
+def marked(pid: str, same: set[str]) -> str:
+    """A simulator's id as tables print it: with :data:`SAME_WEIGHTS_MARK` when it shares training weights."""
+    return pid + SAME_WEIGHTS_MARK if pid in same else pid
+
+
+def run_sharing(cfg, panel) -> dict[str, Sharing]:
+    """What each member of ``panel`` shares with the training simulators of run config ``cfg``."""
+    return sharing(panel, {**cfg.models, **panel.models}, training_simulators(cfg))
