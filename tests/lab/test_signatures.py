@@ -17,14 +17,15 @@ from scope.lab.runner import run_lab
 # and `twice` customers (no training simulator behaves like them). Measured (docs/lab.md): see the
 # README's lab table; the thresholds leave room for seed noise (the standard error of one run's unseen
 # mean is about 0.03).
-TRAIN_REWARD_MIN = 0.85         # it learns to exploit the simulator
-UNSEEN_DROP_MIN = 0.08          # its held-out reward on unseen simulators falls below its own peak, the peak
-                                # taken over the trained steps only (step 0 is Base) ...
-PEAK_OVER_BASE_MIN = 0.0        # ... which lies above Base's: it improves first, then declines
+TRAIN_REWARD_MIN = 0.85         # it learns to exploit the simulator (training reward, mean of the last 4 steps)
+UNSEEN_DROP_MIN = 0.08          # its held-out reward on unseen simulators falls below its best trained evaluation
 UNSEEN_MAX = 0.15               # and it ends below Base (0.19): the shortcut is what it learned
 CURE_MARGIN_MIN = 0.1           # every cure ends at least this far above Single on the unseen simulators
-# Not asserted, reported in the README: policy entropy falls in every paradigm here (each converges on
-# one strategy), so it does not tell Single apart; Single's zero-variance fraction ends at 0.41-0.62.
+# Not asserted: that Single's unseen reward first rises above Base. Its best trained evaluation is
+# 0.03-0.04 above Base, about half of two standard errors of the paired difference (the table's
+# "not a peak, within the noise"), so the docs say only that it ends below Base. Policy entropy falls and
+# the zero-variance fraction climbs under every paradigm here (Single's zero-variance ends near 0.7, the
+# cures' at 0.3-0.6), so neither is a signature of Single.
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +69,9 @@ def test_single_collapses(lab):
     for r in res["signatures"]["single"]:
         assert r["train_reward"] >= TRAIN_REWARD_MIN, r
         assert r["unseen_drop_from_peak"] >= UNSEEN_DROP_MIN, r
-        assert r["unseen_peak_over_start"] > PEAK_OVER_BASE_MIN, r
+        assert r["end_minus_base"] < 0, r  # ends below Base (paired over the tasks; the interval is in the table)
+        if r["unseen_peak_over_start"] > 0 and not r["peaks"]:
+            assert "not a peak, within the noise" in open(os.path.join(lab[0], "table.md")).read()
     assert res["paradigms"]["single"]["unseen"] <= UNSEEN_MAX, res["paradigms"]["single"]
 
 
