@@ -239,8 +239,8 @@ def markdown(res: dict[str, Any], title: str = "evaluation") -> str:
 
     f = lambda x: "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3f}"  # noqa: E731
     iv = lambda r, k: f"[{f(r.get(k + 'lo'))}, {f(r.get(k + 'hi'))}]"  # noqa: E731
-    lines = [f"### {title}", "", "| partner | seen | mean reward | 95% interval (Wilson) | ± s.e. | episodes | failed | "
-             "truncated | shares with the training simulators |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [f"### {title}", "", "| partner | seen | mean reward | 95% interval (Wilson) | ± s.e. | episodes | "
+             "failed | truncated | shares with the training simulators |", "|---|---|---|---|---|---|---|---|---|"]
     marked = False
     for pid, v in res["per_partner"].items():
         same = "weights" in v.get("shares", [])
@@ -253,7 +253,8 @@ def markdown(res: dict[str, Any], title: str = "evaluation") -> str:
                   f"{f(res['unseen_mean'])} {iv(res, 'unseen_')} (group intervals: bootstrap over the tasks, "
                   "the same resample for every partner)"]
     if marked:
-        lines += ["", f"{SAME_WEIGHTS_MARK}: an unseen partner that runs on a training simulator's weights (the rest of its row says what else it shares)."]
+        lines += ["", f"{SAME_WEIGHTS_MARK}: an unseen partner that runs on a training simulator's weights (the rest "
+                      "of its row says what else it shares)."]
     return "\n".join(lines + [""])
 
 

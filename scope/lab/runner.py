@@ -237,7 +237,8 @@ end: the mean of the last TRAIN_WINDOW steps; entropy at the start: the mean of 
 
 def eval_cells(run_dir: str) -> tuple[dict[int, Cells], dict[str, bool], dict[int, dict[str, int]]]:
     """Each evaluation of a run as :data:`scope.stats.Cells` (simulator -> task -> mean reward), by step,
-    each simulator's seen flag and, by step, each simulator's number of dialogues, from ``eval/step_N/eval_episodes.jsonl`` and ``eval.json``."""
+    each simulator's seen flag and, by step, each simulator's number of dialogues, from
+    ``eval/step_N/eval_episodes.jsonl`` and ``eval.json``."""
     from ..stats import cells_of
 
     d = os.path.join(run_dir, "eval")
@@ -280,7 +281,7 @@ def run_summary(run_dir: str) -> dict[str, Any]:
            "seen_se": last.get("eval/seen_se"), "panel_se": last.get("eval/panel_se"), "curves": curves,
            "per_partner": {k[len("eval/partner/"):]: v for k, v in last.items() if k.startswith("eval/partner/")},
            "cells": {str(k): v for k, v in cells.items()}, "seen_flags": seen_flags,
-           "dialogues": counts.get(last.get("step"), {}),
+           "dialogues": counts.get(int(last["step"]), {}) if last else {},
            "last_eval_step": last.get("step")}
     if tr:
         out["train_reward"] = _window([m["reward_mean"] for m in tr])
@@ -358,7 +359,8 @@ def aggregate(out: str, paradigms: list[str], seeds: int, same_weights: set[str]
             if cells and rs and _group(rs[0], group):
                 b = task_bootstrap(cells, _group(rs[0], group))
                 row[k + "_lo"], row[k + "_hi"] = b["lo"], b["hi"]
-                one = [task_bootstrap([c], _group(rs[0], group), resamples=500)["se"] for c in cells]
+                one: list[float | None] = [task_bootstrap([c], _group(rs[0], group), resamples=500)["se"]
+                                           for c in cells]
                 row[f"noise_{group}_se" if k != "unseen_at_best_seen" else "noise_best_se"] = _mean_std(one)[0]
         row["per_simulator"] = {}
         sims = {k for r in rs for k in (r.get("per_partner") or {})}
@@ -423,14 +425,13 @@ def signatures(summary: dict[str, dict], runs: dict[str, list]) -> dict[str, Any
     # every seed of a ends above every seed of b (the seeds' spread, which the interval does not hold)
     supported = []
     for a in cures:
-        for b in cures:
-            ca, cb = final(a)[0], final(b)[0]
-            if a == b or not ca or not cb:
+        for o in cures:
+            ca, co = final(a)[0], final(o)[0]
+            if a == o or len(ca) < 2 or len(co) < 2:
                 continue
-            d = task_bootstrap(ca, unseen, minus=cb, resamples=1000)
-            if d["lo"] > 0 and spread(summary[a]["unseen_seeds"])[0] > spread(summary[b]["unseen_seeds"])[1] \
-                    and len(ca) > 1 and len(cb) > 1:
-                supported.append([a, b])
+            d = task_bootstrap(ca, unseen, minus=co, resamples=1000)
+            if d["lo"] > 0 and spread(summary[a]["unseen_seeds"])[0] > spread(summary[o]["unseen_seeds"])[1]:
+                supported.append([a, o])
     out["cure_orderings_supported"] = supported
     return out
 
@@ -457,7 +458,8 @@ def table(results: dict[str, Any]) -> str:
              "seeds |", "|---|---|---|---|---|---|---|---|---|---|"]
     for p, r in rows.items():
         ent = "n/a" if math.isnan(r["entropy_start"]) else f"{_f(r['entropy_start'], 2)} -> {_f(r['entropy_end'], 2)}"
-        lines.append(f"| {LABELS[p]} | {_iv(r, 'seen')} | {_iv(r, 'unseen')} | {_seeds(r, 'unseen')} | {_iv(r, 'all')} | "
+        lines.append(f"| {LABELS[p]} | {_iv(r, 'seen')} | {_iv(r, 'unseen')} | {_seeds(r, 'unseen')} | "
+                     f"{_iv(r, 'all')} | "
                      f"{_iv(r, 'unseen_at_best_seen')} | {_seeds(r, 'train_reward')} | {ent} | "
                      f"{_f(r['zero_variance_end'], 2)} | {r['seeds']} |")
     noise = [r["noise_unseen_se"] for r in rows.values() if not math.isnan(r.get("noise_unseen_se", math.nan))]
@@ -466,17 +468,20 @@ def table(results: dict[str, Any]) -> str:
                   "(evaluation noise given the trained policies). The seeds' own values are listed beside it: their "
                   "spread is training noise, which the interval does not hold. "
                   f"Training reward, entropy and zero-variance: the mean of the first / last {TRAIN_WINDOW} steps. "
-                  f"The bootstrap s.e. of one run's unseen mean is about {_f(sum(noise) / len(noise) if noise else math.nan)}."
-                  + (f" torch threads: {results['threads']} (the numbers depend on it)." if results.get("threads") else "")]
-    sims = list(next((r["per_simulator"] for r in rows.values() if r.get("per_simulator")), {}))
+                  "The bootstrap s.e. of one run's unseen mean is about "
+                  f"{_f(sum(noise) / len(noise) if noise else math.nan)}."
+                  + (f" torch threads: {results['threads']} (the numbers depend on it)."
+                     if results.get("threads") else "")]
+    first_sims: dict[str, dict[str, Any]] = next(
+        (r["per_simulator"] for r in rows.values() if r.get("per_simulator")), {})
+    sims, seen_of = list(first_sims), {k: v.get("seen") for k, v in first_sims.items()}
     if sims:
         same = set(results.get("same_weights", []))
         lines += ["", "Final held-out reward per simulator (mean over seeds; 95% Wilson interval over all its "
                       "dialogues of every seed" + (f"; {SAME_WEIGHTS_MARK}: an unseen simulator on a training "
                                                   "simulator's weights" if same else "") + "):", "",
                   "| paradigm | " + " | ".join(f"{k}{SAME_WEIGHTS_MARK if k in same else ''} "
-                                               f"({'seen' if rows[next(iter(rows))]['per_simulator'].get(k, {}).get('seen') else 'unseen'})"
-                                               for k in sims) + " |",
+                                               f"({'seen' if seen_of.get(k) else 'unseen'})" for k in sims) + " |",
                   "|---|" + "---|" * len(sims)]
         for p, r in rows.items():
             ps = r.get("per_simulator", {})
@@ -493,12 +498,14 @@ def table(results: dict[str, Any]) -> str:
             f"[{_f(x['end_minus_base_lo'], 3)}, {_f(x['end_minus_base_hi'], 3)}]"
             f"{' (below Base)' if x['ends_below_base'] else ''}" for x in sig["single"]) + "."]
         iv = sig.get("cure_margin_interval", {})
-        lines += ["", "Margin over RL (Single) on the unseen simulators (95% paired interval over the tasks): " + ", ".join(
+        lines += ["", "Margin over RL (Single) on the unseen simulators (95% paired interval over the tasks): "
+                  + ", ".join(
             f"{LABELS[p]} {sig['cure_margin_unseen'][p]:+.3f}"
             + (f" [{iv[p][0]:+.3f}, {iv[p][1]:+.3f}]" if p in iv else "") for p in sig["cure_ranking_unseen"]) + "."]
         sup = sig.get("cure_orderings_supported", [])
-        lines += ["", ("Orderings among the cures that the numbers support (paired interval above 0 and every seed above "
-                       "every seed): " + ", ".join(f"{LABELS[a]} > {LABELS[b]}" for a, b in sup) + ".") if sup else
+        lines += ["", ("Orderings among the cures that the numbers support (paired interval above 0 and every "
+                       "seed above every seed): " + ", ".join(f"{LABELS[a]} > {LABELS[b]}" for a, b in sup) + ".")
+                  if sup else
                   "No ordering among the cures is supported (none has a paired interval above 0 together with every "
                   "seed above every seed of the other): the margins above are not a ranking."]
     return "\n".join(lines) + "\n"
