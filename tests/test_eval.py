@@ -243,17 +243,20 @@ def test_diagnose_command(tmp_path):
     assert v["total"] == pytest.approx(v["partner"] + v["agent"])
 
 
-def test_training_logs_the_variance_decomposition(tmp_path):
-    cfg = parse_config({
-        "run": {"dir": str(tmp_path / "run"), "save_every": 10, "progress": False, "save_rollouts": False},
+def _decompose_cfg(run_dir, steps, every):
+    return parse_config({
+        "run": {"dir": str(run_dir), "save_every": 10, "progress": False, "save_rollouts": False},
         "models": {"policy": {"path": "tiny-random"}},
         "agent": {"model": "policy", "trainable": True, "max_new_tokens": 8},
         "partner": {"model": "policy", "max_new_tokens": 8, "temperature": 1.0},
         "env": {"name": "p4g", "options": {"max_turns": 2, "force_decision": True}},
         "rollout": {"n_tasks": 3, "group_size": 2, "end_on_truncation": False},
-        "train": {"steps": 2, "lr": 1e-3},
-        "diagnostics": {"decompose_every": 1, "decompose_tasks": 2, "decompose_resamples": 3}})
-    train(cfg, log=lambda s: None)
+        "train": {"steps": steps, "lr": 1e-3},
+        "diagnostics": {"decompose_every": every, "decompose_tasks": 2, "decompose_resamples": 3}})
+
+
+def test_training_logs_the_variance_decomposition(tmp_path):
+    train(_decompose_cfg(tmp_path / "run", 2, 1), log=lambda s: None)
     for m in read_metrics(str(tmp_path / "run")):
         assert m["collapse/total_var"] == pytest.approx(m["collapse/partner_var"] + m["collapse/agent_var"])
         assert m["collapse/partner_var"] >= 0 and m["collapse/agent_var"] >= 0
@@ -264,16 +267,7 @@ def test_the_decomposition_changes_no_training_number(tmp_path):
     """It draws on noise of its own and gives the generators back: a run with it on trains exactly as one
     without it (so turning it on in a reported config does not change the reported run)."""
     def run(name, every):
-        cfg = parse_config({
-            "run": {"dir": str(tmp_path / name), "save_every": 10, "progress": False, "save_rollouts": False},
-            "models": {"policy": {"path": "tiny-random"}},
-            "agent": {"model": "policy", "trainable": True, "max_new_tokens": 8},
-            "partner": {"model": "policy", "max_new_tokens": 8, "temperature": 1.0},
-            "env": {"name": "p4g", "options": {"max_turns": 2, "force_decision": True}},
-            "rollout": {"n_tasks": 3, "group_size": 2, "end_on_truncation": False},
-            "train": {"steps": 3, "lr": 1e-3},
-            "diagnostics": {"decompose_every": every, "decompose_tasks": 2, "decompose_resamples": 3}})
-        train(cfg, log=lambda s: None)
+        train(_decompose_cfg(tmp_path / name, 3, every), log=lambda s: None)
         return read_metrics(str(tmp_path / name))
 
     off, on = run("off", 0), run("on", 1)
