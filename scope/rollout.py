@@ -23,7 +23,7 @@ from typing import Any, Callable
 from .envs.base import Env
 from .partners import vs as vs_mod
 from .partners.binding import Binding
-from .types import Completion, Episode, SamplingParams, Trace
+from .types import Completion, Episode, Readout, SamplingParams, Trace
 
 
 @dataclass
@@ -151,24 +151,32 @@ def run_rollouts(jobs: list[Job], sampling: dict[str, SamplingParams] | None = N
                 mode = "vs" if b.vs is not None else ("chat" if getattr(b.ref, "chat", False) else "tokens")
                 req = _Req(j, role, b, mode)
                 try:
+                    req.readout = j.env.reply_readout(role)
+                    if req.readout is not None:
+                        if mode != "tokens":
+                            raise ValueError(f"role {role!r}: a decision readout needs a local model with plain "
+                                             f"decoding, not {b.id!r} ({'Verbalized Sampling' if b.vs else 'an endpoint'})")
+                        req.mode = mode = "readout"
                     req.prefix = j.env.reply_prefix(role)
-                    if mode == "tokens":
+                    if mode in ("tokens", "readout"):
                         req.prompt = prepare_turn(j.episode.traces[role], b.ref.tokenizer, j.env.views[role],
                                                   req.prefix, limit=max_context - b.sampling.max_new_tokens)
                 except Exception as e:  # a broken template or env: this episode fails, the others go on
                     _fail(j, e)
                     break
-                if mode == "tokens" and req.prompt is None:
+                if mode in ("tokens", "readout") and req.prompt is None:
                     j.env.finish("context_limit")
                     break
                 reqs.append(req)
             else:
                 for req in reqs:
                     b = req.binding
-                    pending.setdefault((id(b.ref), _sp_key(b.sampling), req.mode), []).append(req)
-        for (_, _, mode), items in pending.items():
+                    pending.setdefault((id(b.ref), _sp_key(b.sampling), req.mode, id(req.readout)), []).append(req)
+        for (_, _, mode, _), items in pending.items():
             if mode == "tokens":
                 _run_token_requests(items, stats)
+            elif mode == "readout":
+                _run_readout_requests(items, stats)
             else:
                 _run_text_requests(items, stats, vs=(mode == "vs"))
             for req in items:
@@ -179,6 +187,8 @@ def run_rollouts(jobs: list[Job], sampling: dict[str, SamplingParams] | None = N
                     _fail(j, req.error)
                     continue
                 try:
+                    if req.dist is not None:
+                        j.env.on_readout(req.role, req.dist)
                     j.env.on_reply(req.role, req.text)
                 except Exception as e:
                     _fail(j, e)
@@ -227,6 +237,8 @@ class _Req:
     text: str = ""
     finish_reason: str = "eos"
     error: BaseException | None = None
+    readout: Readout | None = None
+    dist: dict[Any, float] | None = None
 
 
 def _count(stats: RolloutStats, model_id: str, n: int) -> None:
@@ -253,6 +265,29 @@ def _run_token_requests(items: list[_Req], stats: RolloutStats) -> None:
         try:
             r.text = r.prefix + record_reply(r.job.episode.traces[r.role], b.ref.tokenizer, c, b.ref.eos_id)
             r.finish_reason = c.finish_reason
+        except Exception as e:
+            r.error = e
+
+
+def _run_readout_requests(items: list[_Req], stats: RolloutStats) -> None:
+    """Local model, decision readout: the exact decision distribution of each reply, and a reply drawn from
+    it, recorded in the role's trace as generated (mask 1, its sampling log-probs)."""
+    b = items[0].binding
+    readout = items[0].readout
+    assert readout is not None
+    try:
+        outs = b.ref.readout([r.prompt for r in items], b.sampling, readout)
+    except Exception as e:  # the model call failed for all of them
+        for r in items:
+            r.error = e
+        return
+    stats.calls += 1
+    for r, res in zip(items, outs):
+        c = res.completion
+        _count(stats, c.model_id, len(c.token_ids))
+        try:
+            r.text = r.prefix + record_reply(r.job.episode.traces[r.role], b.ref.tokenizer, c, b.ref.eos_id)
+            r.finish_reason, r.dist = c.finish_reason, res.dist
         except Exception as e:
             r.error = e
 

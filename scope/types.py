@@ -51,6 +51,34 @@ class Completion:
 
 
 @dataclass
+class Readout:
+    """A decision read from a model's next-token distributions rather than from one sample.
+
+    ``outcome(text, final)`` maps the text generated so far (after any forced prefix) to the decision it
+    spells, or to None while the text does not yet decide it (``final`` is True at the last of
+    ``max_tokens`` tokens: it must then return a decision). Every continuation that leaves the decision
+    open is expanded, so the distribution over decisions is exact under the model's sampling distribution
+    (logits / temperature). Decisions must be hashable.
+    """
+
+    outcome: Callable[[str, bool], Any]
+    max_tokens: int = 3
+    max_nodes: int = 64
+    """A guard: at most this many open continuations are expanded (the rest are read as final where they
+    stand)."""
+
+
+@dataclass
+class ReadoutResult:
+    """The decision distribution of one prompt, and one reply sampled from the same distributions (a
+    Completion like any other: its ids and sampling log-probs go into the role's trace)."""
+
+    dist: dict[Any, float]
+    completion: "Completion"
+    outcome: Any
+
+
+@dataclass
 class Trace:
     """What one role saw and produced in one episode, token by token.
 

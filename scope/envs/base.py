@@ -9,12 +9,13 @@ from __future__ import annotations
 import random
 from typing import Any, Callable
 
-from ..types import Task
+from ..types import Readout, Task
 
 ENVS: dict[str, type["Env"]] = {}
 """The environments registered so far (a module registers its classes when it is imported)."""
 BUILTIN: dict[str, str] = {  # name -> the module that registers it, imported the first time it is asked for
     "p4g": "scope.envs.p4g",
+    "p4g_pitch": "scope.envs.p4g_pitch",
     "tau2_retail": "scope.envs.tau2.env",
     "tau2_airline": "scope.envs.tau2.env",
     "lab": "scope.envs.lab",
@@ -167,6 +168,15 @@ class Env:
     def reply_prefix(self, role: str) -> str:
         """Text the env puts at the start of ``role``'s next reply (the model continues it); default none."""
         return ""
+
+    def reply_readout(self, role: str) -> Readout | None:
+        """A decision to read from ``role``'s next-token distributions instead of sampling a free reply (see
+        :class:`scope.types.Readout`); default none. The engine then hands the decision distribution to
+        ``on_readout`` and a reply drawn from it to ``on_reply``. Needs a local model."""
+        return None
+
+    def on_readout(self, role: str, dist: dict[Any, float]) -> None:
+        """The decision distribution of ``role``'s reply (called just before ``on_reply``)."""
 
     def on_reply(self, role: str, text: str) -> None:
         """Apply ``role``'s reply (the forced prefix, if any, followed by its exact generated text)."""

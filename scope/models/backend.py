@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 import torch
 
-from ..types import Completion, SamplingParams
+from ..types import Completion, Readout, ReadoutResult, SamplingParams
 from . import attention as _attention
 from .decode import _cache_kw, _common_prefix, _decode, _KVEntry, _make_cache, _n_layers
 
@@ -208,6 +208,28 @@ class LocalBackend:
 
     min_shared_prefix = 32  # tokens; a shorter common prefix is not worth its own forward pass
 
+    def readout(self, prompts: list[list[int]], sampling: SamplingParams, readout: Readout,
+                adapter: str | None = None) -> list[ReadoutResult]:
+        """The exact distribution over the decision each prompt's reply states (``Readout``), at the sampling
+        temperature, and one reply sampled from it (:mod:`.readout`). Top-p is not applied: a readout with
+        ``top_p < 1`` is an error."""
+        from .readout import _Classes, readout as _readout
+
+        if sampling.top_p < 1.0:
+            raise ValueError(f"model {self.name!r}: a decision readout samples the full distribution; "
+                             f"top_p={sampling.top_p} is not supported")
+        if not prompts:
+            return []
+        if getattr(self, "_classes", None) is None:
+            self._classes = _Classes(self.tokenizer, self.model.get_output_embeddings().weight.shape[0])
+        version = self.versions.get(adapter, 0)
+        with self.using(adapter) as model, self.packed.active(model):
+            outs = _readout(model, self._classes, prompts, sampling.temperature, readout, self.generator,
+                            self.pad_id)
+        for r in outs:
+            r.completion.model_id, r.completion.model_version = f"{self.name}:{adapter or 'base'}", version
+        return outs
+
     def _share_prefix(self, model, prompts: list[list[int]], reuse: list) -> None:
         """Prefill the longest common prefix of the rows that have no cache once (in place on ``reuse``)."""
         fresh = [i for i, r in enumerate(reuse) if r is None]
@@ -265,4 +287,10 @@ class ModelRef:
         outs = self.backend.generate(prompts, sampling, adapter=self.adapter, sessions=sessions)
         for c in outs:
             c.model_id = self.id
+        return outs
+
+    def readout(self, prompts: list[list[int]], sampling: SamplingParams, readout: Readout) -> list[ReadoutResult]:
+        outs = self.backend.readout(prompts, sampling, readout, adapter=self.adapter)
+        for r in outs:
+            r.completion.model_id = self.id
         return outs
