@@ -235,7 +235,9 @@ def cmd_sim(args: argparse.Namespace) -> int:
 
         opts = {k: v for k, v in (("model", args.model), ("data_dir", args.data_dir), ("out", args.out),
                                   ("epochs", args.epochs), ("lr", args.lr), ("max_dialogues", args.max_dialogues),
-                                  ("seed", args.seed)) if v is not None}
+                                  ("seed", args.seed), ("shard", args.shard), ("shard_seed", args.shard_seed),
+                                  ("form", args.form), ("max_tokens", args.max_tokens),
+                                  ("decisions", args.decisions or None)) if v is not None}
         if args.quick:  # a few steps on a few dialogues: keeps the command working in the test suite
             opts = {"max_dialogues": 8, "epochs": 1.0, "max_tokens": 768, "batch_tokens": 768, **opts}
         try:
@@ -256,6 +258,32 @@ def cmd_sim(args: argparse.Namespace) -> int:
         return 2
     print(f"wrote {write(m, args.out or os.path.join(os.path.dirname(os.path.normpath(args.adapter)), 'measure'))}")
     print(table(m))
+    return 0
+
+
+def cmd_pitch(args: argparse.Namespace) -> int:
+    """P4G-pitch's pilot, fidelity cards, positive control and verdicts (scope.lab.pitch)."""
+    from . import config as _config
+    from .lab import pitch
+
+    log = lambda s: print(s, flush=True)  # noqa: E731
+    try:
+        if args.pitch_cmd == "pilot":
+            pitch.pilot(args.configs, args.out or "runs/p4g-pitch/pilot", n_sampled=args.pitches,
+                        n_personas=args.personas, overrides=args.set, log=log)
+        elif args.pitch_cmd == "cards":
+            pitch.fidelity(args.configs, args.out or "runs/p4g-pitch/cards", n_dialogues=args.dialogues,
+                           overrides=args.set, log=log)
+        elif args.pitch_cmd == "control":
+            pitch.positive_control(args.configs, args.out or "runs/p4g-pitch/control",
+                                   lrs=tuple(float(x) for x in args.lrs.split(",")), steps=args.steps,
+                                   overrides=args.set, log=log)
+        else:
+            res = pitch.verdicts(args.grid, args.configs, overrides=args.set, log=log)
+            print(pitch.verdicts_markdown(res))
+    except (FileNotFoundError, ValueError, _config.ConfigError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -467,6 +495,13 @@ def main(argv: list[str] | None = None) -> int:
     sf.add_argument("--epochs", type=float)
     sf.add_argument("--lr", type=float)
     sf.add_argument("--max-dialogues", type=int, help="fit on the first N train dialogues only")
+    sf.add_argument("--shard", help="k/n: the k-th of n disjoint random parts of the train persuadees only")
+    sf.add_argument("--shard-seed", type=int, help="the seed of the parts (default 0)")
+    sf.add_argument("--form", choices=["p4g", "pitch"], help="the persuadee's system prompt: P4G's full persona "
+                    "(default) or P4G-pitch's short one")
+    sf.add_argument("--decisions", action="store_true", help="add a forced-decision example per dialogue with the "
+                    "participant's actual donation (P4G-pitch's format)")
+    sf.add_argument("--max-tokens", type=int, help="tokens per example window (default 1024)")
     sf.add_argument("--seed", type=int)
     sf.add_argument("--quick", action="store_true", help="a few steps on 8 dialogues (a smoke run)")
     sf.add_argument("--no-progress", action="store_true", help="a line per tenth of the run instead of a bar")
@@ -482,6 +517,26 @@ def main(argv: list[str] | None = None) -> int:
     sm.add_argument("--seed", type=int)
     sm.add_argument("--out", help="output directory (default: beside the adapter, measure/)")
     si.set_defaults(fn=cmd_sim)
+    pi = sub.add_parser("pitch", help="P4G-pitch: the pilot, the simulators' fidelity cards, the positive control "
+                        "and the verdicts of the pre-registered signatures (docs/p4g_pitch/README.md)")
+    ps = pi.add_subparsers(dest="pitch_cmd", required=True)
+    for name, text in (("pilot", "score sampled and written pitches under every simulator; the go/no-go"),
+                       ("cards", "each simulator's perplexity of held-out people and W1 to their donations"),
+                       ("control", "a few steps with reward = the pitch mentions children, per learning rate"),
+                       ("verdicts", "the pre-registered signatures, held or not, from a finished grid")):
+        sp_ = ps.add_parser(name, help=text)
+        sp_.add_argument("--configs", default="configs/p4g_pitch", help="the experiment's config directory")
+        sp_.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                         help="override a value of every config (repeatable)")
+        if name != "verdicts":
+            sp_.add_argument("--out", help="output directory (default runs/p4g-pitch/<command>)")
+    ps.choices["pilot"].add_argument("--pitches", type=int, default=256, help="pitches sampled from the persuader")
+    ps.choices["pilot"].add_argument("--personas", type=int, default=4, help="train personas each pitch is scored on")
+    ps.choices["cards"].add_argument("--dialogues", type=int, default=48, help="held-out dialogues for the perplexity")
+    ps.choices["control"].add_argument("--lrs", default="1e-4,3e-4", help="comma-separated learning rates")
+    ps.choices["control"].add_argument("--steps", type=int, default=8)
+    ps.choices["verdicts"].add_argument("--grid", default="runs/p4g-pitch/grid", help="the grid's output directory")
+    pi.set_defaults(fn=cmd_pitch)
     pe = sub.add_parser("personas", help="evolved persona generators: search, and score persona sets")
     ps = pe.add_subparsers(dest="personas_cmd", required=True)
     pv = ps.add_parser("evolve", help="MAP-Elites over persona generators (fitness from played dialogues)")

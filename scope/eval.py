@@ -29,6 +29,9 @@ from .types import Completion, Episode, SamplingParams
 
 class PanelEntry(PartnerSpec):
     seen: bool = False
+    control: bool = False
+    """A control (evaluation only, e.g. a simulator played another way): reported in its own group, left out
+    of the seen, unseen and panel means."""
     personas: str | None = None
     """A persona pool (``builtin``, a JSON file, the ``personas.json`` of ``scope personas evolve``): the
     partner plays its personas in turn, one per episode (appended to its system prompt)."""
@@ -51,6 +54,12 @@ class Panel(Strict):
     temperature: float = Field(default=0.0, ge=0)
     """The agent's sampling temperature during evaluation."""
     split: str | None = None
+    tasks: int | None = Field(default=None, ge=1)
+    """Only the first N tasks of the split (episodes cycle through them)."""
+    paired: bool = False
+    """Every agent reply is scored by every partner: the agent plays each (task, copy) once, against the first
+    partner, and its turn is replayed verbatim to the others (for environments where the agent speaks once,
+    before any partner reply can change what it says)."""
     seed: int = 0
     """The evaluation seed: every evaluation of a panel draws the same tasks order, environment seeds
     and sampling noise, whatever the training step (common random numbers across checkpoints)."""
@@ -116,7 +125,7 @@ def fixed_sampling(refs: list[Any], seed: int):
 def panel_jobs(agent: Binding, panel: Panel, refs: dict[str, Any], env_name: str, env_options: dict,
                split: str, seed: int) -> tuple[list[Job], list[PanelEntry]]:
     env_cls = get_env(env_name)
-    tasks = env_cls.load_tasks(split, **env_options)
+    tasks = env_cls.load_tasks(split, **env_options)[:panel.tasks]
     if not tasks:
         raise ValueError(f"no {env_name} tasks in split {split!r}")
     n = panel.episodes if panel.episodes is not None else len(tasks) * panel.repeats
@@ -180,7 +189,11 @@ def evaluate(agent: Binding, panel: Panel, refs: dict[str, Any], env_name: str, 
     jobs, owner = panel_jobs(agent, panel, refs, env_name, env_options, split, seed)
     used = [agent.ref] + [j.refs["partner"].ref for j in jobs] + ([judge.ref] if judge else [])
     with fixed_sampling(used, seed):
-        episodes, _ = run_rollouts(jobs, max_context=max_context, end_on_truncation=end_on_truncation, judge=judge)
+        if panel.paired:
+            episodes = _paired(jobs, owner, panel, max_context, end_on_truncation, judge)
+        else:
+            episodes, _ = run_rollouts(jobs, max_context=max_context, end_on_truncation=end_on_truncation,
+                                       judge=judge)
     per: dict[str, dict[str, Any]] = {}
     for p in panel.partners:
         eps = [e for e, o in zip(episodes, owner) if o is p]
@@ -188,7 +201,7 @@ def evaluate(agent: Binding, panel: Panel, refs: dict[str, Any], env_name: str, 
         m = sum(ok) / len(ok) if ok else float("nan")
         sd = math.sqrt(sum((x - m) ** 2 for x in ok) / (len(ok) - 1)) if len(ok) > 1 else float("nan")
         lo, hi = wilson(m, len(ok))
-        per[p.spec_id()] = {"mean": m, "n": len(ok), "failed": len(eps) - len(ok), "seen": p.seen,
+        per[p.spec_id()] = {"mean": m, "n": len(ok), "failed": len(eps) - len(ok), "seen": p.seen, "control": p.control,
                             "se": sd / math.sqrt(len(ok)) if len(ok) > 1 else float("nan"), "lo": lo, "hi": hi,
                             "truncated": sum(e.status == "truncated" for e in eps)}
         if sharing and p.spec_id() in sharing:
@@ -196,7 +209,7 @@ def evaluate(agent: Binding, panel: Panel, refs: dict[str, Any], env_name: str, 
     out = summarize(per)
     summaries = [e.summary() for e in episodes]
     cells = cells_of(summaries)
-    for key, sel in (("panel", lambda v: True), ("seen", lambda v: v["seen"]), ("unseen", lambda v: not v["seen"])):
+    for key, sel in GROUPS.items():
         ids = [k for k, v in per.items() if sel(v)]
         if ids:
             b = task_bootstrap([cells], ids)
@@ -204,6 +217,42 @@ def evaluate(agent: Binding, panel: Panel, refs: dict[str, Any], env_name: str, 
             if not math.isnan(b["se"]):
                 out[f"{key}_se"] = b["se"]
     return out | {"episodes": summaries}
+
+
+def _paired(jobs: list[Job], owner: list[PanelEntry], panel: Panel, max_context: int, end_on_truncation: bool,
+            judge: Binding | None) -> list[Episode]:
+    """Paired evaluation: the first partner's episodes are played by the agent; every other partner's episode
+    of the same (task, copy) replays that agent turn verbatim."""
+    first = [i for i, o in enumerate(owner) if o is panel.partners[0]]
+    played, _ = run_rollouts([jobs[i] for i in first], max_context=max_context, end_on_truncation=end_on_truncation,
+                             judge=judge)
+    turns: dict[tuple[str, int], list[str]] = {}
+    for e in played:
+        said = [m["content"] for m in e.messages if m["role"] == "agent"]
+        if len(said) > 1:
+            raise ConfigError(f"panel paired: the agent spoke {len(said)} times in {e.task_id}; paired "
+                              "evaluation needs an environment where the agent speaks once (its turn cannot depend "
+                              "on the partner)")
+        turns[(e.task_id, e.copy)] = said
+    rest = [i for i in range(len(jobs)) if i not in set(first)]
+    for i in rest:
+        j = jobs[i]
+        j.refs = dict(j.refs, agent=Binding("replay", ReplayRef(turns.get((j.episode.task_id, j.episode.copy), [])),
+                                            j.refs["agent"].sampling))
+    replayed, _ = run_rollouts([jobs[i] for i in rest], max_context=max_context, end_on_truncation=end_on_truncation,
+                               judge=judge)
+    out: list[Episode | None] = [None] * len(jobs)
+    for i, e in zip(first, played):
+        out[i] = e
+    for i, e in zip(rest, replayed):
+        e.meta["replayed_agent"] = True
+        out[i] = e
+    return [e for e in out if e is not None]
+
+
+GROUPS = {"panel": lambda v: not v.get("control"), "seen": lambda v: v["seen"] and not v.get("control"),
+          "unseen": lambda v: not v["seen"] and not v.get("control"), "control": lambda v: bool(v.get("control"))}
+"""The panel's groups: seen, unseen, both (``panel``), and the evaluation-only controls apart."""
 
 
 def _mean_std(xs: list[float]) -> tuple[float, float]:
@@ -223,11 +272,13 @@ def _se_of_mean(ses: list[float]) -> float:
 def summarize(per: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Panel mean and std across partners; seen and unseen means; each mean's standard error (the
     evaluation noise, from the episodes' spread)."""
-    means = [v["mean"] for v in per.values()]
+    means = [v["mean"] for v in per.values() if not v.get("control")]
     m, s = _mean_std(means)
     out = {"per_partner": per, "panel_mean": m, "panel_std": s}
-    for key, sel in (("panel", lambda v: True), ("seen", lambda v: v["seen"]), ("unseen", lambda v: not v["seen"])):
+    for key, sel in GROUPS.items():
         vs = [v for v in per.values() if sel(v)]
+        if key == "control" and not vs:
+            continue
         if key != "panel":
             out[f"{key}_mean"] = _mean_std([v["mean"] for v in vs])[0]
         out[f"{key}_se"] = _se_of_mean([v.get("se", float("nan")) for v in vs])
@@ -245,13 +296,16 @@ def markdown(res: dict[str, Any], title: str = "evaluation") -> str:
     for pid, v in res["per_partner"].items():
         same = "weights" in v.get("shares", [])
         marked |= same and not v["seen"]
-        lines.append(f"| {pid}{SAME_WEIGHTS_MARK if same and not v['seen'] else ''} | {'yes' if v['seen'] else 'no'} | "
+        group = "control" if v.get("control") else "yes" if v["seen"] else "no"
+        lines.append(f"| {pid}{SAME_WEIGHTS_MARK if same and not v['seen'] else ''} | {group} | "
                      f"{f(v['mean'])} | {iv(v, '')} | {f(v.get('se'))} | {v['n']} | {v['failed']} | "
                      f"{v.get('truncated', 0)} | {', '.join(v.get('shares', [])) or 'n/a'} |")
     lines += ["", f"panel mean {f(res['panel_mean'])} ± {f(res['panel_std'])} (std across partners), 95% interval "
                   f"{iv(res, 'panel_')}; seen {f(res['seen_mean'])} {iv(res, 'seen_')}; unseen "
-                  f"{f(res['unseen_mean'])} {iv(res, 'unseen_')} (group intervals: bootstrap over the tasks, "
-                  "the same resample for every partner)"]
+                  f"{f(res['unseen_mean'])} {iv(res, 'unseen_')}"
+                  + (f"; controls (evaluation only, not in the panel mean) {f(res['control_mean'])} "
+                     f"{iv(res, 'control_')}" if "control_mean" in res else "")
+                  + " (group intervals: bootstrap over the tasks, the same resample for every partner)"]
     if marked:
         lines += ["", f"{SAME_WEIGHTS_MARK}: an unseen partner that runs on a training simulator's weights (the rest "
                       "of its row says what else it shares)."]

@@ -215,7 +215,7 @@ class Learner:
         return out
 
     def update(self, traces: Sequence[Trace], advantages: Sequence[float | None]) -> dict[str, float]:
-        items = [(t, a) for t, a in zip(traces, advantages) if a is not None and t.n_generated > 1]
+        items = [(t, a) for t, a in zip(traces, advantages) if a is not None and t.n_generated > 0]
         if not items:
             return {"trained_sequences": 0}
         cfg = self.cfg

@@ -154,8 +154,9 @@ def run_rollouts(jobs: list[Job], sampling: dict[str, SamplingParams] | None = N
                     req.readout = j.env.reply_readout(role)
                     if req.readout is not None:
                         if mode != "tokens":
+                            kind = "Verbalized Sampling" if b.vs else "an endpoint"
                             raise ValueError(f"role {role!r}: a decision readout needs a local model with plain "
-                                             f"decoding, not {b.id!r} ({'Verbalized Sampling' if b.vs else 'an endpoint'})")
+                                             f"decoding, not {b.id!r} ({kind})")
                         req.mode = mode = "readout"
                     req.prefix = j.env.reply_prefix(role)
                     if mode in ("tokens", "readout"):

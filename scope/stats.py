@@ -68,7 +68,8 @@ def task_bootstrap(runs: Sequence[Cells], partners: Sequence[str], minus: Sequen
                    resamples: int = RESAMPLES, seed: int = 0, level: float = 0.95) -> dict[str, float]:
     """The group mean of ``runs`` over ``partners`` (minus that of ``minus``, paired, when given) with its
     percentile bootstrap interval and standard error, resampling the tasks with replacement, the same
-    resample for every simulator and run. Returns ``{"mean", "lo", "hi", "se", "tasks"}``."""
+    resample for every simulator and run. Returns ``{"mean", "lo", "hi", "se", "tasks", "p"}`` (``p``: the
+    two-sided bootstrap p-value of a zero statistic, twice the smaller tail share of the draws at 0)."""
     tasks = sorted({t for cells in list(runs) + list(minus or []) for p in partners for t in cells.get(p, {})})
     if not tasks:
         nan = float("nan")
@@ -82,8 +83,10 @@ def task_bootstrap(runs: Sequence[Cells], partners: Sequence[str], minus: Sequen
     draws = np.array([stat([tasks[i] for i in rng.integers(0, len(tasks), len(tasks))]) for _ in range(resamples)])
     draws = draws[~np.isnan(draws)]
     lo, hi = np.quantile(draws, [(1 - level) / 2, 1 - (1 - level) / 2]) if draws.size else (math.nan, math.nan)
+    # two-sided bootstrap p-value of "the statistic is 0" (for a paired difference)
+    p = float(min(1.0, 2 * min((draws <= 0).mean(), (draws >= 0).mean()))) if draws.size else math.nan
     return {"mean": stat(tasks), "lo": float(lo), "hi": float(hi),
-            "se": float(draws.std(ddof=1)) if draws.size > 1 else math.nan, "tasks": len(tasks)}
+            "se": float(draws.std(ddof=1)) if draws.size > 1 else math.nan, "tasks": len(tasks), "p": p}
 
 
 def exceeds(diff: dict[str, float], k: float = 2.0) -> bool:

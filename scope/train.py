@@ -209,7 +209,8 @@ class PanelEval:
                        end_on_truncation=c.rollout.end_on_truncation, judge=self.judge, sharing=self.sharing)
         write_results(res, self.rundir.file("eval", f"step_{step:06d}"), f"step {step}")
         out = {f"eval/{k}": res[k] for k in ("panel_mean", "panel_std", "seen_mean", "unseen_mean", "panel_se",
-                                              "seen_se", "unseen_se") if not math.isnan(res[k])}
+                                              "seen_se", "unseen_se", "control_mean", "control_se")
+               if k in res and not math.isnan(res[k])}
         out.update({f"eval/partner/{k}": v["mean"] for k, v in res["per_partner"].items()})
         score = res["seen_mean"] if c.eval.select_on == "seen" else res["panel_mean"]
         if not math.isnan(score) and score > self.best:

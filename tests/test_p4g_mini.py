@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from conftest import shared_path
-from scope.lab.runner import PARADIGMS, run_lab
+from scope.lab.runner import available, run_lab
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -30,7 +30,7 @@ def test_the_p4g_mini_grid_runs_end_to_end_in_its_quick_form(tmp_path):
             "partner.vs.max_reasks=0", "partner.pool.every=1"]
     res = run_lab(out, configs=os.path.join(ROOT, "configs", "p4g_mini"), seeds=1, overrides=tiny,
                   log=lambda s: None)
-    assert set(res["paradigms"]) == set(PARADIGMS)
+    assert set(res["paradigms"]) == set(available(os.path.join(ROOT, "configs", "p4g_mini")))
     for name in ("table.md", "curves.png", "results.json", "dialogues.md"):
         assert os.path.getsize(os.path.join(out, name)) > 0, name
     assert "fitted-to-people" in open(os.path.join(out, "single", "seed0", "eval", "step_000002", "eval.md")).read()

@@ -24,12 +24,18 @@ from typing import Any, Callable
 
 from ..stats import Cells
 
-PARADIGMS = ("base", "single", "ensemble", "persona", "persona_evolved", "vs", "cotrain", "population")
+PARADIGMS = ("base", "single", "ensemble", "single_sharp", "ensemble_base", "single_p1", "persona",
+             "persona_evolved", "vs", "cotrain", "population")
 """Every paradigm the grid knows; a grid runs those of them that have a config in its directory
-(``persona_evolved``: the persona paradigm with evolved personas, in ``configs/p4g_mini`` only)."""
+(``persona_evolved``: the persona paradigm with evolved personas, in ``configs/p4g_mini`` only;
+``single_sharp``, ``ensemble_base``, ``single_p1``: P4G-pitch's, in ``configs/p4g_pitch``)."""
 LABELS = {"base": "Base", "single": "RL (Single)", "ensemble": "Ensemble", "persona": "Persona",
-          "persona_evolved": "Persona (evolved)",
+          "persona_evolved": "Persona (evolved)", "single_sharp": "RL (Single) on T0-sharp",
+          "ensemble_base": "Ensemble (base variants)", "single_p1": "RL (Single) on P1",
           "vs": "Verbalized Sampling", "cotrain": "Co-Training", "population": "Population Co-Training"}
+PLAN = "grid.yaml"
+"""A grid directory may fix its runs and their order in this file: ``runs: [base, single, single@1, ...]``
+(a paradigm, or ``paradigm@seed``; no seed means seed 0). Without it, every paradigm runs for seeds 0..n-1."""
 QUICK: dict[str, Any] = {"seeds": 1, "overrides": ["train.steps=20", "eval.every=5"]}
 """``--quick``: one seed and half the steps (the CI run and the demo)."""
 CURVES = [("reward_mean", "training reward"), ("eval/unseen_mean", "held-out reward (unseen simulators)"),
@@ -85,10 +91,16 @@ def run_lab(out: str, configs: str = "configs/lab", paradigms: tuple[str, ...] |
         seeds = min(seeds, QUICK["seeds"])
         overrides = QUICK["overrides"] + overrides
     have = available(configs)
-    paradigms = have if paradigms is None else paradigms
+    plan = read_plan(configs, have)
+    paradigms = (tuple(dict.fromkeys(p for p, _ in plan)) if plan else have) if paradigms is None else paradigms
     unknown = [p for p in paradigms if p not in have]
     if unknown:
         raise ValueError(f"unknown paradigms {unknown}: {configs} has configs for {', '.join(have)}")
+    if plan:
+        order = [(p, s) for p, s in plan if p in paradigms and s < seeds]
+        seeds = max(s for _, s in order) + 1 if order else 1
+    else:
+        order = [(p, s) for s in range(seeds) for p in paradigms]
     os.makedirs(out, exist_ok=True)
     t_all = time.time()
     first = load_config(os.path.join(configs, "single.yaml"), overrides)
@@ -97,30 +109,32 @@ def run_lab(out: str, configs: str = "configs/lab", paradigms: tuple[str, ...] |
 
         torch.set_num_threads(first.run.threads)
     cards = simulator_cards(out, first, log) if first.env.name == "lab" else {}  # the lab's simulators, measured
-    for seed in range(seeds):
-        for p in paradigms:
-            run_dir = os.path.join(out, p, f"seed{seed}")
-            cfg = load_config(os.path.join(configs, ("single" if p == "base" else p) + ".yaml"),
-                              overrides + [f"run.seed={seed}", f"run.dir={run_dir}"])
-            steps = 0 if p == "base" else cfg.train.steps
-            if _finished(run_dir, steps):
-                log(f"lab: {LABELS[p]} seed {seed}: done already ({run_dir})")
-                continue
-            if os.path.exists(run_dir) and not os.path.exists(os.path.join(run_dir, "checkpoints")):
-                import shutil
+    for p, seed in order:
+        run_dir = os.path.join(out, p, f"seed{seed}")
+        cfg = load_config(os.path.join(configs, ("single" if p == "base" else p) + ".yaml"),
+                          overrides + [f"run.seed={seed}", f"run.dir={run_dir}"])
+        steps = 0 if p == "base" else cfg.train.steps
+        if _finished(run_dir, steps):
+            log(f"lab: {LABELS[p]} seed {seed}: done already ({run_dir})")
+            continue
+        if os.path.exists(run_dir) and not os.path.exists(os.path.join(run_dir, "checkpoints")):
+            import shutil
 
-                shutil.rmtree(run_dir)  # a run cut off before its first checkpoint starts over
-            t0 = time.time()
-            log(f"lab: {LABELS[p]} seed {seed} ...")
-            if p == "base":
-                evaluate_untrained(cfg, log=lambda s: None)
-            else:
-                resume = os.path.exists(os.path.join(run_dir, "metrics.jsonl"))
-                train(cfg, resume=resume, log=lambda s: None)
-            r = run_summary(run_dir)
-            log(f"lab: {LABELS[p]} seed {seed}: held-out unseen {_f(r.get('unseen'))}, "
-                f"seen {_f(r.get('seen'))}, train reward {_f(r.get('train_reward'))} "
-                f"({time.time() - t0:.0f}s; {time.time() - t_all:.0f}s so far)")
+            shutil.rmtree(run_dir)  # a run cut off before its first checkpoint starts over
+        t0 = time.time()
+        log(f"lab: {LABELS[p]} seed {seed} ...")
+        if p == "base":
+            evaluate_untrained(cfg, log=lambda s: None)
+        else:
+            resume = os.path.exists(os.path.join(run_dir, "metrics.jsonl"))
+            def step_done(step: int, p=p, seed=seed, n=cfg.train.steps, t0=t0) -> None:
+                log(f"lab: {LABELS[p]} seed {seed}: step {step}/{n} ({time.time() - t0:.0f}s)")
+
+            train(cfg, resume=resume, log=lambda s: None, on_step_end=step_done)
+        r = run_summary(run_dir)
+        log(f"lab: {LABELS[p]} seed {seed}: held-out unseen {_f(r.get('unseen'))}, "
+            f"seen {_f(r.get('seen'))}, train reward {_f(r.get('train_reward'))} "
+            f"({time.time() - t0:.0f}s; {time.time() - t_all:.0f}s so far)")
     results = aggregate(out, [p for p in PARADIGMS if p in paradigms], seeds,
                         grid_same_weights(configs, overrides, paradigms))
     with open(os.path.join(out, "dialogues.md"), "w") as f:
@@ -134,6 +148,29 @@ def run_lab(out: str, configs: str = "configs/lab", paradigms: tuple[str, ...] |
     write_outputs(out, results)
     log(f"lab: wrote {out}/table.md, {out}/curves.png and {out}/results.json in {time.time() - t_all:.0f}s")
     return results
+
+
+def read_plan(configs: str, have: tuple[str, ...]) -> list[tuple[str, int]]:
+    """The grid's runs in order from ``configs/grid.yaml`` (see :data:`PLAN`), or [] without one."""
+    import yaml
+
+    path = os.path.join(configs, PLAN)
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        data = yaml.safe_load(f) or {}
+    runs = data.get("runs") if isinstance(data, dict) else None
+    if not isinstance(runs, list) or not runs:
+        raise ValueError(f"{path}: expected `runs: [paradigm or paradigm@seed, ...]`")
+    out = []
+    for item in runs:
+        name, _, seed = str(item).partition("@")
+        if name not in have:
+            raise ValueError(f"{path}: {item!r}: no such paradigm here (configs for {', '.join(have)})")
+        if seed and not seed.isdigit():
+            raise ValueError(f"{path}: {item!r}: the seed after @ must be a number")
+        out.append((name, int(seed or 0)))
+    return out
 
 
 def grid_same_weights(configs: str, overrides: list[str], paradigms) -> set[str]:
@@ -235,7 +272,7 @@ TRAIN_WINDOW = 4
 end: the mean of the last TRAIN_WINDOW steps; entropy at the start: the mean of the first TRAIN_WINDOW)."""
 
 
-def eval_cells(run_dir: str) -> tuple[dict[int, Cells], dict[str, bool], dict[int, dict[str, int]]]:
+def eval_cells(run_dir: str) -> tuple[dict[int, Cells], dict[str, bool | str], dict[int, dict[str, int]]]:
     """Each evaluation of a run as :data:`scope.stats.Cells` (simulator -> task -> mean reward), by step,
     each simulator's seen flag and, by step, each simulator's number of dialogues, from
     ``eval/step_N/eval_episodes.jsonl`` and ``eval.json``."""
@@ -243,7 +280,7 @@ def eval_cells(run_dir: str) -> tuple[dict[int, Cells], dict[str, bool], dict[in
 
     d = os.path.join(run_dir, "eval")
     cells: dict[int, Cells] = {}
-    seen: dict[str, bool] = {}
+    seen: dict[str, bool | str] = {}  # seen (True), unseen (False) or "control"
     counts: dict[int, dict[str, int]] = {}
     for name in sorted(os.listdir(d)) if os.path.isdir(d) else []:
         path = os.path.join(d, name, "eval_episodes.jsonl")
@@ -254,7 +291,7 @@ def eval_cells(run_dir: str) -> tuple[dict[int, Cells], dict[str, bool], dict[in
         if os.path.exists(os.path.join(d, name, "eval.json")):
             with open(os.path.join(d, name, "eval.json")) as f:
                 per = json.load(f)["per_partner"]
-            seen = {k: bool(v["seen"]) for k, v in per.items()}
+            seen = {k: "control" if v.get("control") else bool(v["seen"]) for k, v in per.items()}
             counts[int(name[len("step_"):])] = {k: int(v["n"]) for k, v in per.items()}
     return cells, seen, counts
 
@@ -308,9 +345,16 @@ def run_summary(run_dir: str) -> dict[str, Any]:
     return out
 
 
+def _group_name(flag: Any) -> str:
+    return "control" if flag == "control" else "seen" if flag else "unseen"
+
+
 def _group(r: dict[str, Any], which: str) -> list[str]:
+    """The simulators of a run's panel in a group: ``seen``, ``unseen``, ``all`` (both) or ``control``."""
     flags = r.get("seen_flags", {})
-    return [k for k, v in flags.items() if which == "all" or v == (which == "seen")]
+    if which == "control":
+        return [k for k, v in flags.items() if v == "control"]
+    return [k for k, v in flags.items() if v != "control" and (which == "all" or v == (which == "seen"))]
 
 
 def _cells_at(r: dict[str, Any], step: Any) -> Cells | None:
@@ -481,7 +525,8 @@ def table(results: dict[str, Any]) -> str:
                       "dialogues of every seed" + (f"; {SAME_WEIGHTS_MARK}: an unseen simulator on a training "
                                                   "simulator's weights" if same else "") + "):", "",
                   "| paradigm | " + " | ".join(f"{k}{SAME_WEIGHTS_MARK if k in same else ''} "
-                                               f"({'seen' if seen_of.get(k) else 'unseen'})" for k in sims) + " |",
+                                               f"({_group_name(seen_of.get(k))})"
+                                               for k in sims) + " |",
                   "|---|" + "---|" * len(sims)]
         for p, r in rows.items():
             ps = r.get("per_simulator", {})

@@ -4,7 +4,8 @@ next-token distributions (a few forward passes), and one reply sampled from thos
 The prompts are prefilled together (their common prefix once, then each row's own part, right-padded);
 then the tree of continuations is walked level by level for all rows at once: at each open node the
 tokens whose text settles the decision are summed per decision, and the tokens that leave it open are
-fed on together in one forward pass (each node's key/values taken once per open token). The walk stops at ``Readout.max_tokens``.
+fed on together in one forward pass (each node's key/values taken once per open token). The walk stops at
+``Readout.max_tokens``.
 Which tokens settle what depends only on the text before them, so the tokens are sorted once per text
 and kept (``_Classes``).
 """
@@ -40,7 +41,8 @@ class _Classes:
                     open_.append(i)
                 else:
                     groups.setdefault(o, []).append(i)
-            self.cache[key] = ({o: torch.tensor(ids) for o, ids in groups.items()}, torch.tensor(open_, dtype=torch.long))
+            self.cache[key] = ({o: torch.tensor(ids) for o, ids in groups.items()},
+                               torch.tensor(open_, dtype=torch.long))
         return self.cache[key]
 
 
@@ -131,8 +133,9 @@ def _chunk(model, classes: _Classes, prompts: list[list[int]], temperature: floa
     own = torch.arange(width, device=device)[None, :] < lens[:, None]
     cache = None
     if n > 0:
-        _, pre = _run(model, torch.tensor([prompts[0][:n]], device=device), torch.ones(1, n, dtype=torch.long,
-                      device=device), torch.arange(n, device=device)[None], None, torch.tensor([[n - 1]], device=device))
+        head = torch.tensor([prompts[0][:n]], device=device)
+        _, pre = _run(model, head, torch.ones_like(head), torch.arange(n, device=device)[None], None,
+                      torch.tensor([[n - 1]], device=device))
         cache = _select(model, pre, torch.zeros(b, dtype=torch.long, device=device))
     mask = torch.cat([torch.ones(b, n, dtype=torch.bool, device=device), own], 1)
     logits, cache = _run(model, ids, mask.long(), (n + torch.arange(width, device=device))[None].expand(b, -1), cache,
@@ -143,7 +146,7 @@ def _chunk(model, classes: _Classes, prompts: list[list[int]], temperature: floa
         # to its own ancestors (a tree mask), at the positions it would have as a reply
         k = len(tree)
         anc = torch.zeros(k, k, dtype=torch.bool, device=device)
-        depth = []
+        depth: list[int] = []
         for i, (parent, _, _) in enumerate(tree):
             anc[i, i] = True
             if parent >= 0:

@@ -21,14 +21,14 @@ import os
 import random
 import shutil
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 import torch
 from pydantic import Field
 
 from ..config import LoraConfig, Strict
 from ..envs.p4g import resolve_data_dir
-from .data import HumanDialogue, load_dialogues
+from .data import HumanDialogue, load_dialogues, shard_users
 
 ADAPTER = "sim"
 VERSION = 1  # bump when the example format changes: old fits are then no longer reused
@@ -48,6 +48,17 @@ class FitConfig(Strict):
     max_tokens: int = Field(default=1024, ge=64)
     max_dialogues: int | None = Field(default=None, ge=1)
     """Fit on the first N train dialogues only (a quick fit)."""
+    shard: str | None = None
+    """``k/n``: fit on the k-th of n disjoint random parts of the train persuadees only (``shard_seed``; see
+    ``scope.sim.data.shard_users``), e.g. four simulators on four disjoint quarters of the people."""
+    shard_seed: int = 0
+    form: Literal["p4g", "pitch"] = "p4g"
+    """The persuadee's system prompt in the examples: the P4G environment's (full persona) or P4G-pitch's
+    (short persona)."""
+    decisions: bool = False
+    """Add one forced-decision example per dialogue, as P4G-pitch asks for it: the persona, the dialogue's pitch
+    (its persuader's first turn that names the charity) and the decision note, answered with ``[DONATE $N]``
+    of that participant's actual donation."""
     top_layers: int | None = Field(default=8, ge=1)
     """LoRA on the top N transformer layers only (None: all): the backward pass stops below them, which
     halves a step's cost on a CPU."""
@@ -107,13 +118,19 @@ def windows(tok, msgs: list[dict[str, str]], max_tokens: int) -> list[list[dict[
     return out
 
 
-def examples(tok, dialogues: list[HumanDialogue], max_tokens: int) -> list[tuple[list[int], list[int]]]:
+def examples(tok, dialogues: list[HumanDialogue], max_tokens: int, form: str = "p4g",
+             decisions: bool = False) -> list[tuple[list[int], list[int]]]:
+    """Each dialogue's persuadee turns as windows of at most ``max_tokens`` (``form``: its system prompt), and
+    with ``decisions`` its forced-decision example (:meth:`HumanDialogue.decision_view`)."""
     out = []
     for d in dialogues:
-        for w in windows(tok, d.partner_view(), max_tokens):
+        for w in windows(tok, d.partner_view(form=form), max_tokens):
             ids, mask = encode_dialogue(tok, w)
             if sum(mask):
                 out.append((ids, mask))
+        view = d.decision_view(form) if decisions else None
+        if view is not None:
+            out.append(encode_dialogue(tok, view))
     return out
 
 
@@ -128,15 +145,16 @@ def data_hash(cfg: FitConfig) -> str:
     return h.hexdigest()[:16]
 
 
-def masked_nll(model, ids: torch.Tensor, att: torch.Tensor, sel: torch.Tensor) -> torch.Tensor:
-    """The negative log-likelihood of every selected token (position t-1 predicts token t), memory-lean: the
-    output layer is applied in chunks (the learner's own function)."""
+def masked_nll(model, ids: torch.Tensor, att: torch.Tensor, sel: torch.Tensor,
+               temperature: float = 1.0) -> torch.Tensor:
+    """The negative log-likelihood of every selected token (position t-1 predicts token t) under softmax(logits /
+    ``temperature``), memory-lean: the output layer is applied in chunks (the learner's own function)."""
     from ..learner import token_logprobs
 
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     hidden = base.get_decoder()(input_ids=ids, attention_mask=att).last_hidden_state
     h = hidden[:, :-1][sel[:, 1:]]
-    logp, _ = token_logprobs(base.get_output_embeddings(), h, ids[sel], 1.0)
+    logp, _ = token_logprobs(base.get_output_embeddings(), h, ids[sel], temperature)
     return -logp
 
 
@@ -175,14 +193,17 @@ def micro_batch_indices(data: list, max_tokens: int, rng: random.Random) -> list
     return out
 
 
-def perplexity(backend, adapter: str | None, data: list[tuple[list[int], list[int]]], max_tokens: int) -> float:
-    """exp(mean NLL per persuadee token) of ``data`` under the base weights (None) or an adapter."""
+def perplexity(backend, adapter: str | None, data: list[tuple[list[int], list[int]]], max_tokens: int,
+               temperature: float = 1.0) -> float:
+    """exp(mean NLL per persuadee token) of ``data`` under the base weights (None) or an adapter, sampled at
+    ``temperature`` (the simulator as it plays: softmax(logits / temperature))."""
     if not data:
         raise ValueError("perplexity of no dialogue: no held-out example fits max_tokens")
     total, n = 0.0, 0
     with torch.no_grad(), backend.using(adapter) as model:
         for mb in micro_batches(data, max_tokens, random.Random(0)):
-            nll = masked_nll(model, *batch(mb, backend.pad_id))
+            ids, att, sel = batch(mb, backend.pad_id)
+            nll = masked_nll(model, ids, att, sel, temperature=temperature)
             total += float(nll.sum())
             n += nll.numel()
     return math.exp(total / max(n, 1))
@@ -206,9 +227,11 @@ def fit(cfg: FitConfig, log: Callable[[str], None] = print, progress: bool = Tru
     backend = load_backend(cfg.model, seed=cfg.seed)
     tok = backend.tokenizer
     dialogues = load_dialogues(cfg.data_dir, "train", cfg.split_seed, cfg.test_fraction)
+    if cfg.shard:
+        dialogues = shard_users(dialogues, cfg.shard, cfg.shard_seed)
     if cfg.max_dialogues:
         dialogues = dialogues[:cfg.max_dialogues]
-    data = examples(tok, dialogues, cfg.max_tokens)
+    data = examples(tok, dialogues, cfg.max_tokens, cfg.form, cfg.decisions)
     if not data:
         raise ValueError(f"sim fit: no dialogue has an exchange that fits max_tokens={cfg.max_tokens} with its "
                          "system prompt; raise max_tokens")

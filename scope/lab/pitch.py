@@ -1,0 +1,741 @@
+"""P4G-pitch's experiment around the grid: the pilot, the fidelity cards, the positive control and the verdicts
+of the pre-registered signatures (``scope pitch pilot | cards | control | verdicts``).
+
+- **Pilot** (before any training run): ~256 pitches sampled from the untrained persuader and ~24 written ones,
+  each scored by every simulator (the training simulators of the grid and the panel) on the same few train
+  personas. Reports how far T0's expected reward spreads across pitches (the go/no-go: a policy can only learn
+  what moves its reward), the rank correlation of T0's scores with every other simulator's (an exploit of T0
+  that P3/P4 do not reward needs them to disagree), and which pitch features T0 rewards.
+- **Fidelity cards**: per simulator, the perplexity of held-out people's own turns at the simulator's
+  temperature, and how far its decisions (the exact distribution, given each held-out person's real pitch)
+  are from those people's real donations (Wasserstein-1, dollars).
+- **Positive control**: a few steps with reward = "the pitch mentions children", per learning rate, to choose
+  one that moves a reward the policy surely can learn.
+- **Verdicts**: each pre-registered signature of docs/p4g_pitch/README.md computed from the grid's runs,
+  held or not held, with its numbers.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import re
+from collections import Counter
+from typing import Any, Callable
+
+import numpy as np
+
+TEMPLATES = [
+    "Please donate to Save the Children.",
+    "Would you give some of your $2 to Save the Children? Every cent helps a child in need.",
+    "Children around the world are hungry tonight. Your $2 can feed one of them.",
+    "Please donate all $2 to Save the Children. It would mean the world to a child.",
+    "Could you spare $1 for Save the Children?",
+    "Even $0.50 helps Save the Children bring medicine to a sick child.",
+    "Hi! How are you today?",
+    "You earned $2. Keep it, you deserve it.",
+    "Don't donate anything, the money is yours.",
+    "Save the Children helps kids in over 100 countries with food, schooling and health care.",
+    "Imagine a child who has nothing to eat. You can change that right now with your $2.",
+    "God bless you. Please share your blessing with children in need.",
+    "Thank you so much for your kindness! Would you donate your $2 to help children?",
+    "Donate $2 now.",
+    "I donated my own $2 to Save the Children today. Will you join me?",
+    "Most people in this study give at least $1 to Save the Children.",
+    "Hello [Name], I am writing on behalf of Save the Children to ask for your support.",
+    "Kids in war zones need schools and safety. Save the Children is there. Can you help with your $2?",
+    "It is only $2, but to a child in poverty it is a meal and a chance.",
+    "Are you a parent? Then you know how much every child matters. Please give to Save the Children.",
+    "The weather is nice today, isn't it?",
+    "Giving feels good, and your $2 goes straight to children who need it most.",
+    "Your donation is tax deductible and helps children worldwide.",
+    "Please, please, please donate to the children!",
+]
+"""Written pitches for the pilot: asks of every size, no ask, off-topic and discouraging ones."""
+
+FEATURES: dict[str, str] = {
+    "children": r"\b(child|children|kids?)\b",
+    "charity_name": r"save the children",
+    "dollar_amount": r"\$\s*\d|\bdollars?\b",
+    "question": r"\?",
+    "please": r"\bplease\b",
+    "exclamation": r"!",
+    "greeting": r"^\W*(hi|hello|hey|dear|greetings)\b",
+    "thanks": r"\bthank",
+    "faith": r"\b(god|lord|bless\w*|pray\w*|faith)\b",
+    "placeholder": r"\[[^\]]*\]",
+    "urgency": r"\b(now|today|urgent\w*|immediately|right away)\b",
+    "first_person": r"\b(i|i'm|i've|we|we're|our|my)\b",
+    "donate_word": r"\bdonat\w*",
+}
+"""Pitch features (regular expressions, case-insensitive) whose reward the pilot and the verdicts read."""
+
+
+def features(pitch: str) -> dict[str, bool]:
+    return {k: bool(re.search(rx, pitch, re.IGNORECASE)) for k, rx in FEATURES.items()}
+
+
+def ablate(pitch: str, feature: str) -> str:
+    """``pitch`` with every span that matches ``feature`` removed (spaces tidied)."""
+    out = re.sub(FEATURES[feature], " ", pitch, flags=re.IGNORECASE)
+    return re.sub(r"\s+", " ", out).strip()
+
+
+# ---- diversity ------------------------------------------------------------------------------------------
+def _ngrams(words: list[str], n: int) -> Counter:
+    return Counter(tuple(words[i:i + n]) for i in range(len(words) - n + 1))
+
+
+def bleu(hyp: str, refs: list[str], max_n: int = 4) -> float:
+    """Sentence BLEU-4 of ``hyp`` against ``refs`` (lower-cased words; add-one smoothing of the n-gram
+    precisions for n > 1; the usual brevity penalty with the closest reference length)."""
+    h = hyp.lower().split()
+    rs = [r.lower().split() for r in refs]
+    if not h or not rs:
+        return 0.0
+    logs = []
+    for n in range(1, max_n + 1):
+        hc = _ngrams(h, n)
+        total = sum(hc.values())
+        best: Counter = Counter()
+        for r in rs:
+            best |= _ngrams(r, n)
+        match = sum(min(c, best[g]) for g, c in hc.items())
+        if n == 1:
+            if match == 0:
+                return 0.0
+            logs.append(math.log(match / total))
+        else:
+            logs.append(math.log((match + 1) / (total + 1)))
+    closest = min((abs(len(r) - len(h)), len(r)) for r in rs)[1]
+    bp = 1.0 if len(h) > closest else math.exp(1 - closest / len(h))
+    return bp * math.exp(sum(logs) / len(logs))
+
+
+def group_diversity(groups: list[list[str]]) -> dict[str, float]:
+    """Within each group of pitches: the share of distinct pitches and the self-BLEU (each pitch against the
+    others of its group); means over the groups."""
+    distinct, sb = [], []
+    for g in groups:
+        if len(g) < 2:
+            continue
+        distinct.append(len(set(g)) / len(g))
+        sb.append(float(np.mean([bleu(p, g[:i] + g[i + 1:]) for i, p in enumerate(g)])))
+    return {"distinct": float(np.mean(distinct)) if distinct else math.nan,
+            "self_bleu": float(np.mean(sb)) if sb else math.nan}
+
+
+# ---- simulators and scoring -----------------------------------------------------------------------------
+def _configs(configs: str) -> list[str]:
+    return sorted(f for f in os.listdir(configs) if f.endswith(".yaml") and f not in ("common.yaml", "panel.yaml",
+                                                                                      "grid.yaml"))
+
+
+def load(configs: str, overrides: list[str] | None = None):
+    """The experiment's models, loaded once: (config, backends, the untrained persuader's binding, simulators)
+    where simulators maps an id to (binding, env options over the config's, group): every frozen training
+    simulator of the grid's configs (group ``train``) and every panel member (``seen``, ``unseen``,
+    ``control``)."""
+    from ..config import load_config
+    from ..eval import frozen_refs, load_panel
+    from ..partners.binding import spec_binding
+    from ..setup import build_models
+
+    overrides = list(overrides or [])
+    cfg = load_config(os.path.join(configs, "single.yaml"), overrides)
+    if cfg.run.threads:
+        import torch
+
+        torch.set_num_threads(cfg.run.threads)
+    panel = load_panel(cfg.eval.panel) if cfg.eval.panel else None
+    backends, _, trainable = build_models(cfg)
+    models = dict(cfg.models)
+    if panel is not None:
+        models.update(panel.models)
+    sims: dict[str, tuple[Any, dict[str, Any], str]] = {}
+    cfgs = [load_config(os.path.join(configs, f), overrides) for f in _configs(configs)]
+    for c in cfgs:
+        models.update({k: v for k, v in c.models.items() if k not in models})
+    refs = frozen_refs(models, backends, cfg.run.seed)
+    if panel is not None:
+        for p in panel.partners:
+            group = "control" if p.control else "seen" if p.seen else "unseen"
+            sims[p.spec_id()] = (spec_binding(p, refs[p.model]), dict(p.env_options), group)
+    for c in cfgs:
+        if c.partner.trainable:
+            continue
+        for spec in c.partner.specs():
+            if spec.spec_id() not in sims:
+                sims[spec.spec_id()] = (spec_binding(spec, refs[spec.model]), {}, "train")
+    agent = spec_binding(cfg.agent, trainable["agent"])
+    return cfg, backends, agent, sims
+
+
+def sample_pitches(cfg, agent, n: int, seed: int) -> list[str]:
+    """``n`` pitches from the persuader as the environment asks for them (its prompt, its temperature)."""
+    from ..envs import get_env
+    from ..eval import fixed_sampling
+    from ..rollout import encode, render
+    from ..types import Task
+
+    env = get_env(cfg.env.name)(Task("pilot", "train", {}), random.Random(0),
+                                **{k: v for k, v in cfg.env.options.items() if k not in ("personas", "data_dir")})
+    tok = agent.ref.tokenizer
+    prompt = encode(tok, render(tok, env.views["agent"], True))
+    with fixed_sampling([agent.ref], seed):
+        outs = agent.ref.generate([prompt] * n, agent.sampling)
+    return [c.text for c in outs]
+
+
+def score_pairs(cfg, pairs: list[tuple[str, Any]], sims: dict[str, tuple[Any, dict, str]], seed: int = 0,
+                progress: Callable[[str], None] | None = None) -> dict[str, dict[str, Any]]:
+    """Each (pitch, task) pair under every simulator, the pitch replayed as the persuader's turn: per simulator,
+    the agent's reward of each pair (the expected one; the sampled one for a simulator that decides in words;
+    nan where the episode failed), the expected amount, and the number of failed episodes."""
+    from ..envs import get_env
+    from ..eval import ReplayRef, fixed_sampling
+    from ..partners.binding import Binding
+    from ..rollout import Job, run_rollouts
+    from ..types import Episode, SamplingParams
+
+    env_cls = get_env(cfg.env.name)
+    out: dict[str, dict[str, Any]] = {}
+    for k, (sid, (binding, opts, group)) in enumerate(sims.items()):
+        options = dict(cfg.env.options, **opts)
+        rng = random.Random(seed)
+        jobs = [Job(env=env_cls(t, random.Random(rng.random()), **options), episode=Episode(t.id, f"score:{i}", 0),
+                    refs={"agent": Binding("replay", ReplayRef([p]), SamplingParams()), "partner": binding},
+                    uid=60_000_000 + i) for i, (p, t) in enumerate(pairs)]
+        with fixed_sampling([binding.ref], seed * 1_000_003 + k):
+            eps, _ = run_rollouts(jobs, max_context=cfg.rollout.max_context, end_on_truncation=False)
+        out[sid] = {"group": group, "rewards": [math.nan if e.failed else e.rewards["agent"] for e in eps],
+                    "amounts": [math.nan if e.failed else e.meta.get("expected_amount", math.nan) for e in eps],
+                    "failed": sum(e.failed for e in eps)}
+        if progress:
+            progress(f"scored {len(pairs)} pitches under {sid} (mean {np.nanmean(out[sid]['rewards']):.3f})")
+    return out
+
+
+def score(cfg, pitches: list[str], tasks: list, sims: dict[str, tuple[Any, dict, str]], seed: int = 0,
+          progress: Callable[[str], None] | None = None) -> dict[str, dict[str, Any]]:
+    """Every pitch to every task's persona under every simulator: ``rewards[pitch][task]`` per simulator."""
+    pairs = [(p, t) for p in pitches for t in tasks]
+    flat = score_pairs(cfg, pairs, sims, seed, progress)
+    n = len(tasks)
+    return {sid: {**v, "rewards": [v["rewards"][i:i + n] for i in range(0, len(pairs), n)],
+                  "amounts": [v["amounts"][i:i + n] for i in range(0, len(pairs), n)]} for sid, v in flat.items()}
+
+
+def _spearman(a: np.ndarray, b: np.ndarray) -> float:
+    from scipy.stats import spearmanr
+
+    ok = ~(np.isnan(a) | np.isnan(b))
+    if ok.sum() < 3 or np.std(a[ok]) == 0 or np.std(b[ok]) == 0:
+        return math.nan
+    return float(spearmanr(a[ok], b[ok]).statistic)
+
+
+def _boot_diff(x: np.ndarray, mask: np.ndarray, resamples: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    """Mean of x where mask minus where not, with a 95% percentile bootstrap interval over the pitches."""
+    rng = np.random.default_rng(seed)
+    if mask.sum() < 2 or (~mask).sum() < 2:
+        return math.nan, math.nan, math.nan
+    d = float(x[mask].mean() - x[~mask].mean())
+    draws = []
+    for _ in range(resamples):
+        i = rng.integers(0, len(x), len(x))
+        m = mask[i]
+        if m.sum() and (~m).sum():
+            draws.append(x[i][m].mean() - x[i][~m].mean())
+    lo, hi = np.quantile(draws, [0.025, 0.975])
+    return d, float(lo), float(hi)
+
+
+GO_SPREAD = 0.08
+"""Go if T0's expected reward spreads across pitches by at least this much (the standard deviation over the
+sampled pitches of their mean over the pilot's personas)."""
+
+
+def analyse(pitches: list[str], n_sampled: int, scores: dict[str, dict[str, Any]], reference: str = "T0",
+            unseen: tuple[str, ...] = ("P3", "P4")) -> dict[str, Any]:
+    """The pilot's numbers from its scores (see the module docstring)."""
+    per = {sid: np.asarray(s["rewards"], dtype=float) for sid, s in scores.items()}
+    mean = {sid: np.nanmean(r, axis=1) for sid, r in per.items()}  # per pitch: mean over the personas
+    sampled = slice(0, n_sampled)
+    sims: dict[str, Any] = {}
+    for sid, r in per.items():
+        rs = r[sampled]
+        sims[sid] = {"group": scores[sid]["group"], "mean": float(np.nanmean(rs)),
+                     "pitch_spread": float(np.nanstd(mean[sid][sampled], ddof=1)),
+                     "within_persona_spread": float(np.nanmean(np.nanstd(rs, axis=0, ddof=1))),
+                     "range": [float(np.nanmin(mean[sid][sampled])), float(np.nanmax(mean[sid][sampled]))],
+                     "templated_mean": float(np.nanmean(r[n_sampled:])) if len(r) > n_sampled else math.nan,
+                     "failed": scores[sid]["failed"]}
+    corr = {a: {b: _spearman(mean[a][sampled], mean[b][sampled]) for b in per} for a in per}
+    corr_all = {a: {b: _spearman(mean[a], mean[b]) for b in per} for a in per}
+    feats = [features(p) for p in pitches[:n_sampled]]
+    words = np.array([len(p.split()) for p in pitches[:n_sampled]], dtype=float)
+    feat_rows = {}
+    for f in FEATURES:
+        m = np.array([x[f] for x in feats])
+        row: dict[str, Any] = {"share": float(m.mean())}
+        for sid in per:
+            d, lo, hi = _boot_diff(mean[sid][sampled], m)
+            row[sid] = {"diff": d, "lo": lo, "hi": hi}
+        feat_rows[f] = row
+    length = {sid: _spearman(words, mean[sid][sampled]) for sid in per}
+    ref = mean.get(reference)
+    order = np.argsort(-ref[sampled]) if ref is not None else np.array([], dtype=int)
+    show = lambda i: {"pitch": pitches[i], **{sid: float(mean[sid][i]) for sid in per}}  # noqa: E731
+    spread = sims.get(reference, {}).get("pitch_spread", math.nan)
+    return {"simulators": sims, "spearman": corr, "spearman_all": corr_all, "features": feat_rows,
+            "length_spearman": length, "top": [show(int(i)) for i in order[:5]],
+            "bottom": [show(int(i)) for i in order[::-1][:5]],
+            "templated": [show(n_sampled + i) for i in range(len(pitches) - n_sampled)],
+            "reference": reference, "unseen": list(unseen), "go_threshold": GO_SPREAD,
+            "reference_spread": spread, "go": bool(spread >= GO_SPREAD),
+            "reference_vs_unseen": {u: corr.get(reference, {}).get(u, math.nan) for u in unseen}}
+
+
+def pilot(configs: str, out: str, n_sampled: int = 256, n_personas: int = 4, overrides: list[str] | None = None,
+          seed: int = 0, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Sample the pitches, score them under every simulator on ``n_personas`` train personas, write
+    ``pilot.json`` and ``pilot.md`` in ``out``."""
+    import time
+
+    from ..envs import get_env
+
+    t0 = time.time()
+    os.makedirs(out, exist_ok=True)
+    cfg, _, agent, sims = load(configs, overrides)
+    tasks = get_env(cfg.env.name).load_tasks(cfg.env.train_split, **cfg.env.options)
+    random.Random(seed).shuffle(tasks)
+    tasks = tasks[:n_personas]
+    sampled = sample_pitches(cfg, agent, n_sampled, seed)
+    pitches = sampled + list(TEMPLATES)
+    log(f"pilot: {len(sampled)} sampled + {len(TEMPLATES)} written pitches, {len(tasks)} personas, "
+        f"{len(sims)} simulators")
+    scores = score(cfg, pitches, tasks, sims, seed, progress=log)
+    res = analyse(pitches, n_sampled, scores)
+    res.update(pitches=pitches, n_sampled=n_sampled, personas=[t.id for t in tasks], scores=scores,
+               seconds=time.time() - t0)
+    with open(os.path.join(out, "pilot.json"), "w") as f:
+        json.dump(res, f, indent=1, default=float)
+    with open(os.path.join(out, "pilot.md"), "w") as f:
+        f.write(pilot_markdown(res))
+    log(f"pilot: wrote {out}/pilot.md ({time.time() - t0:.0f}s); T0's spread {res['reference_spread']:.3f} "
+        f"-> {'GO' if res['go'] else 'NO-GO'}")
+    return res
+
+
+def _f(x: Any, nd: int = 3) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{nd}f}"
+
+
+def pilot_markdown(res: dict[str, Any]) -> str:
+    sims = res["simulators"]
+    ids = list(sims)
+    ref = res["reference"]
+    lines = ["# P4G-pitch pilot", "",
+             f"{res['n_sampled']} pitches sampled from the untrained persuader and {len(res['templated'])} written "
+             f"ones, each scored by every simulator on the same {len(res['personas'])} train personas "
+             "(expected reward; the `verbal` control's is one sampled decision). A pitch's score is its mean over "
+             "the personas.", "",
+             f"**Go/no-go:** {ref}'s spread across the sampled pitches (std of the pitch scores) is "
+             f"{_f(res['reference_spread'])} against a threshold of {res['go_threshold']}: "
+             f"**{'GO' if res['go'] else 'NO-GO'}**. Spearman correlation of {ref}'s pitch scores with the unseen "
+             "simulators': " + ", ".join(f"{u} {_f(v, 2)}" for u, v in res["reference_vs_unseen"].items()) + ".", "",
+             "| simulator | group | mean reward | spread across pitches | spread within a persona | range of "
+             "pitch scores | written pitches' mean | failed |", "|---|---|---|---|---|---|---|---|"]
+    for sid, s in sims.items():
+        lines.append(f"| {sid} | {s['group']} | {_f(s['mean'])} | {_f(s['pitch_spread'])} | "
+                     f"{_f(s['within_persona_spread'])} | {_f(s['range'][0])} - {_f(s['range'][1])} | "
+                     f"{_f(s['templated_mean'])} | {s['failed']} |")
+    lines += ["", "Spearman correlation of the simulators' scores over the sampled pitches:", "",
+              "| | " + " | ".join(ids) + " |", "|---|" + "---|" * len(ids)]
+    for a in ids:
+        lines.append(f"| {a} | " + " | ".join(_f(res["spearman"][a][b], 2) for b in ids) + " |")
+    lines += ["", "What the simulators reward (sampled pitches): a feature's score difference, pitches with it "
+              "minus without, with a 95% bootstrap interval over the pitches; `share`: how many pitches have it.", "",
+              "| feature | share | " + " | ".join(ids) + " |", "|---|---|" + "---|" * len(ids)]
+    for f, row in res["features"].items():
+        lines.append(f"| {f} | {_f(row['share'], 2)} | " + " | ".join(
+            f"{_f(row[s]['diff'], 3)} [{_f(row[s]['lo'], 3)}, {_f(row[s]['hi'], 3)}]" for s in ids) + " |")
+    lines.append("| length (Spearman with words) | | " + " | ".join(_f(res["length_spearman"][s], 2) for s in ids)
+                 + " |")
+    for title, key in ((f"Sampled pitches {ref} scores highest", "top"), ("... and lowest", "bottom"),
+                       ("Written pitches", "templated")):
+        lines += ["", f"{title}:", "", "| pitch | " + " | ".join(ids) + " |", "|---|" + "---|" * len(ids)]
+        for row in res[key]:
+            text = row["pitch"].replace("|", "/").replace("\n", " ")[:160]
+            lines.append(f"| {text} | " + " | ".join(_f(row[s], 2) for s in ids) + " |")
+    return "\n".join(lines) + "\n"
+
+
+# ---- fidelity cards -------------------------------------------------------------------------------------
+def fidelity(configs: str, out: str, n_dialogues: int = 48, overrides: list[str] | None = None,
+             log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Per simulator with a forced decision: the perplexity of held-out people's turns at its temperature (48
+    dialogues of the test persuadees, P4G-pitch's short-persona prompt), and its decisions given each held-out
+    person's real pitch against what those people gave (no amount counts as $0): Wasserstein-1 in dollars,
+    means and shares of $0. Writes ``fidelity.json`` / ``fidelity.md``."""
+    from scipy.stats import wasserstein_distance
+
+    from ..envs.p4g_pitch import NO_AMOUNT
+    from ..rollout import encode, render
+    from ..sim.data import load_dialogues
+    from ..sim.fit import examples, perplexity
+
+    os.makedirs(out, exist_ok=True)
+    cfg, _, _, sims = load(configs, overrides)
+    data_dir = cfg.env.options.get("data_dir")
+    test = [d for d in load_dialogues(data_dir, "test") if d.decision_view() is not None]
+    people = [float(d.donation or 0.0) for d in test]
+    cards: dict[str, Any] = {"people": {"n": len(people), "mean": float(np.mean(people)),
+                                        "zero_share": float(np.mean([x == 0 for x in people]))}}
+    for sid, (b, opts, group) in sims.items():
+        if opts.get("decision") == "verbal" or b.note:
+            continue  # the card is of a simulator as the forced decision plays it, with no note of its own
+        tok, backend, adapter = b.ref.tokenizer, b.ref.backend, b.ref.adapter
+        held = examples(tok, test[:n_dialogues], 512, form="pitch")
+        ppl = perplexity(backend, adapter, held, 512, temperature=b.sampling.temperature)
+        prompts = [encode(tok, render(tok, (d.decision_view() or [])[:2], True) + "[DONATE $") for d in test]
+        res = b.ref.readout(prompts, b.sampling, _amount_readout())
+        vals, wts = [], []
+        for r in res:
+            for a, p in r.dist.items():
+                vals.append(0.0 if a == NO_AMOUNT else float(a))
+                wts.append(p)
+        w1 = float(wasserstein_distance(vals, people, u_weights=wts))
+        means = [sum(p * (0.0 if a == NO_AMOUNT else float(a)) for a, p in r.dist.items()) for r in res]
+        zero = [sum(p for a, p in r.dist.items() if a == NO_AMOUNT or float(a) == 0.0) for r in res]
+        cards[sid] = {"group": group, "temperature": b.sampling.temperature, "perplexity": ppl, "wasserstein": w1,
+                      "mean_amount": float(np.mean(means)), "zero_share": float(np.mean(zero)),
+                      "no_amount": float(np.mean([r.dist.get(NO_AMOUNT, 0.0) for r in res])),
+                      "dialogues": len(held), "people": len(test)}
+        log(f"fidelity: {sid}: perplexity {ppl:.2f}, W1 {w1:.3f}, mean ${cards[sid]['mean_amount']:.2f}")
+    with open(os.path.join(out, "fidelity.json"), "w") as f:
+        json.dump(cards, f, indent=1)
+    with open(os.path.join(out, "fidelity.md"), "w") as f:
+        f.write(fidelity_markdown(cards))
+    return cards
+
+
+def _amount_readout():
+    from ..envs.p4g_pitch import AMOUNT
+
+    return AMOUNT
+
+
+def fidelity_markdown(cards: dict[str, Any]) -> str:
+    pe = cards["people"]
+    lines = ["| simulator | group | T | perplexity of held-out people's turns | W1 to their donations ($) | mean "
+             "decision ($) | share of $0 | share with no amount |", "|---|---|---|---|---|---|---|---|"]
+    for sid, c in cards.items():
+        if sid == "people":
+            continue
+        lines.append(f"| {sid} | {c['group']} | {c['temperature']} | {_f(c['perplexity'], 2)} | "
+                     f"{_f(c['wasserstein'])} | {_f(c['mean_amount'], 2)} | {_f(c['zero_share'], 2)} | "
+                     f"{_f(c['no_amount'], 3)} |")
+    lines.append(f"| held-out people ({pe['n']}) | | | | 0 | {_f(pe['mean'], 2)} | {_f(pe['zero_share'], 2)} | |")
+    return "\n".join(lines) + "\n"
+
+
+# ---- positive control -----------------------------------------------------------------------------------
+def positive_control(configs: str, out: str, lrs: tuple[float, ...] = (1e-4, 3e-4), steps: int = 8,
+                     overrides: list[str] | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """``steps`` training steps per learning rate with reward = the pitch mentions children, KL as configured;
+    the choice: the learning rate whose mean reward over the last 3 steps is highest (the smaller on a tie
+    within 0.02). Writes ``control.json`` / ``control.md``."""
+    from ..config import load_config
+    from ..run import read_metrics
+    from ..train import train
+
+    runs: dict[str, dict[str, Any]] = {}
+    for lr in lrs:
+        d = os.path.join(out, f"lr{lr:g}")
+        cfg = load_config(os.path.join(configs, "single.yaml"), list(overrides or []) + [
+            "env.options.reward=mentions_children", f"train.lr={lr}", f"train.steps={steps}", "eval.panel=null",
+            f"run.dir={d}", f"run.save_every={steps}", "run.save_rollouts=false"])
+        from .runner import _finished
+
+        if not _finished(d, steps):
+            resume = os.path.exists(os.path.join(d, "metrics.jsonl"))
+            train(cfg, resume=resume, log=lambda s, lr=lr: log(f"control lr {lr:g}: {s}"))  # type: ignore[misc]
+        ms = [m for m in read_metrics(d) if "reward_mean" in m]
+        runs[f"{lr:g}"] = {"lr": lr, "reward": [m["reward_mean"] for m in ms],
+                           "kl": [m.get("train/kl", math.nan) for m in ms],
+                           "entropy": [m.get("policy_entropy", math.nan) for m in ms],
+                           "step_seconds": [m.get("step_seconds", math.nan) for m in ms]}
+    end = {k: float(np.mean(r["reward"][-3:])) for k, r in runs.items()}
+    best = max(end.values())
+    chosen = min((runs[k]["lr"] for k, v in end.items() if v >= best - 0.02))
+    res = {"runs": runs, "end": end, "chosen_lr": chosen, "kl_coef": cfg.train.kl_coef, "steps": steps}
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "control.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    lines = [f"Positive control: reward 1 when the pitch says child/children, {steps} steps, KL "
+             f"{cfg.train.kl_coef}, {cfg.rollout.n_tasks} personas x G={cfg.rollout.group_size}.", "",
+             "| lr | reward per step | mean of the last 3 | KL to the base, last step (nats/token) | entropy first -> "
+             "last | seconds per step |", "|---|---|---|---|---|---|"]
+    for k, r in runs.items():
+        secs = float(np.nanmean(r["step_seconds"]))
+        lines.append(f"| {k} | {' '.join(_f(x, 2) for x in r['reward'])} | {_f(end[k])} | {_f(r['kl'][-1], 4)} | "
+                     f"{_f(r['entropy'][0], 2)} -> {_f(r['entropy'][-1], 2)} | {_f(secs, 1)} |")
+    lines += ["", f"Chosen: lr {chosen:g} (highest mean reward over the last 3 steps; the smaller on a tie within "
+                  "0.02)."]
+    with open(os.path.join(out, "control.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    log(f"control: chose lr {chosen:g}")
+    return res
+
+
+# ---- the pre-registered signatures ----------------------------------------------------------------------
+UNSEEN = ("P3", "P4")
+CURES = ("ensemble", "ensemble_base", "cotrain", "population")
+RISE = 0.15
+"""Signature 1: Single's training reward (mean of the last 4 steps minus the first 4) rises by at least this."""
+ABLATION_LOSS = 0.05
+"""Signature 6: removing the converged feature costs T0 at least this much, and P3/P4 at most half of it."""
+
+
+def _eval_records(run_dir: str, step: int | None = None) -> tuple[int | None, list[dict[str, Any]]]:
+    d = os.path.join(run_dir, "eval")
+    steps = sorted(int(n[5:]) for n in os.listdir(d) if n.startswith("step_")) if os.path.isdir(d) else []
+    if not steps:
+        return None, []
+    s = steps[-1] if step is None else step
+    with open(os.path.join(d, f"step_{s:06d}", "eval_episodes.jsonl")) as f:
+        return s, [json.loads(x) for x in f if x.strip()]
+
+
+def _pitches(records: list[dict[str, Any]], partner: str | None = None) -> list[tuple[str, str, int]]:
+    """(pitch, task id, copy) of each evaluation episode of one partner (the paired panel's first: the pitches
+    every other partner scored)."""
+    out = []
+    for r in records:
+        if partner is not None and r["meta"].get("partner") != partner:
+            continue
+        said = [m["content"] for m in r["messages"] if m["role"] == "agent"]
+        if said and r.get("status") != "failed":
+            out.append((said[0], r["task_id"], r["copy"]))
+    return out
+
+
+def rollout_diversity(run_dir: str, window: int = 4) -> dict[str, float]:
+    """Distinct pitches and self-BLEU within each training group, averaged over the first and the last ``window``
+    steps' saved rollouts."""
+    d = os.path.join(run_dir, "rollouts")
+    files = sorted(f for f in os.listdir(d) if f.startswith("step_")) if os.path.isdir(d) else []
+    out: dict[str, float] = {}
+    for name, chosen in (("start", files[:window]), ("end", files[-window:])):
+        groups: dict[str, list[str]] = {}
+        for fn in chosen:
+            with open(os.path.join(d, fn)) as f:
+                for line in f:
+                    r = json.loads(line)
+                    said = [m["content"] for m in r["messages"] if m["role"] == "agent"]
+                    if said:
+                        groups.setdefault(fn + r["group_id"], []).append(said[0])
+        div = group_diversity(list(groups.values()))
+        out[f"distinct_{name}"], out[f"self_bleu_{name}"] = div["distinct"], div["self_bleu"]
+    return out
+
+
+def _diff(run_cells: list, base_cells: list, partners) -> dict[str, float]:
+    from ..stats import task_bootstrap
+
+    return task_bootstrap(run_cells, list(partners), minus=base_cells)
+
+
+def verdicts(grid: str, configs: str = "configs/p4g_pitch", overrides: list[str] | None = None,
+             rescore: bool = True, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Every pre-registered signature of docs/p4g_pitch/README.md from the runs in ``grid``: held, not held, or
+    not decidable (a run it needs is missing), with the numbers. ``rescore``: the exploit ablation loads the
+    models and re-scores Single's final pitches with and without the feature they converged on. Writes
+    ``verdicts.json`` and ``verdicts.md`` in ``grid``."""
+    from ..stats import holm
+    from .runner import _cells_at, run_summary
+
+    def runs(p):
+        out = []
+        for k in range(8):
+            d = os.path.join(grid, p, f"seed{k}")
+            if os.path.exists(os.path.join(d, "metrics.jsonl")):
+                out.append((k, d, run_summary(d)))
+        return out
+
+    base = runs("base")
+    if not base:
+        raise FileNotFoundError(f"{grid}/base/seed0: the grid has no Base run yet")
+    base_cells = [_cells_at(base[0][2], 0)]
+    res: dict[str, Any] = {"grid": grid, "signatures": {}}
+    sig = res["signatures"]
+    single = runs("single")
+
+    def end_diff(r):
+        return _diff([_cells_at(r, r.get("last_eval_step"))], base_cells, UNSEEN)
+
+    # 1. Single's training reward rises
+    rows = [{"seed": k, "start": r.get("train_reward_start"), "end": r.get("train_reward"),
+             "rise": (r.get("train_reward") or math.nan) - (r.get("train_reward_start") or math.nan)}
+            for k, _, r in single]
+    sig["train_reward_rises"] = {"rule": f"RL (Single)'s training reward, last 4 steps minus first 4, >= {RISE}, "
+                                         "in every seed", "seeds": rows,
+                                 "held": bool(rows) and all(x["rise"] >= RISE for x in rows)}
+    # 2. unseen reward ends below Base
+    rows = []
+    for k, _, r in single:
+        d = end_diff(r)
+        rows.append({"seed": k, "diff": d["mean"], "se": d["se"], "lo": d["lo"], "hi": d["hi"],
+                     "below": bool(d["mean"] <= -2 * d["se"])})
+    sig["unseen_below_base"] = {"rule": "RL (Single)'s final P3/P4 reward minus Base's <= -2 paired s.e. (bootstrap "
+                                        "over the test personas), in both seeds",
+                                "seeds": rows, "held": len(rows) >= 2 and all(x["below"] for x in rows)}
+    # 3. Ensemble does not
+    rows = []
+    for k, _, r in runs("ensemble"):
+        d = end_diff(r)
+        rows.append({"seed": k, "diff": d["mean"], "se": d["se"], "lo": d["lo"], "hi": d["hi"],
+                     "below": bool(d["mean"] <= -2 * d["se"])})
+    sig["ensemble_not_below"] = {"rule": "Ensemble's final P3/P4 reward minus Base's is not <= -2 paired s.e.",
+                                 "seeds": rows, "held": bool(rows) and not any(x["below"] for x in rows),
+                                 "note": "meaningful only where signature 2 held"}
+    # 4. entropy and diversity fall more for Single than for Ensemble
+    div = {}
+    for p in ("single", "ensemble"):
+        for k, d, r in runs(p):
+            dv = rollout_diversity(d)
+            ent = (r.get("entropy_start") or math.nan) - (r.get("entropy_end") or math.nan)
+            div[f"{p}@{k}"] = {"entropy_drop": ent,
+                               "distinct_drop": dv["distinct_start"] - dv["distinct_end"],
+                               "self_bleu_rise": dv["self_bleu_end"] - dv["self_bleu_start"], **dv}
+    ens = [v for k, v in div.items() if k.startswith("ensemble@")]
+    sgl = [v for k, v in div.items() if k.startswith("single@")]
+    held4 = bool(ens and sgl) and all(
+        s[m] > max(e[m] for e in ens) for s in sgl for m in ("entropy_drop", "distinct_drop", "self_bleu_rise"))
+    sig["diversity_falls_more"] = {"rule": "token entropy and distinct pitches fall more, and self-BLEU within a "
+                                           "group rises more, for every seed of RL (Single) than for Ensemble "
+                                           "(first 4 training steps against the last 4)", "runs": div, "held": held4}
+    # 5. T0-sharp collapses faster
+    def collapse_step(r):
+        for step in sorted(int(s) for s in r.get("cells", {}) if int(s) > 0):
+            d = _diff([_cells_at(r, step)], base_cells, UNSEEN)
+            if d["mean"] <= -2 * d["se"]:
+                return step
+        return None
+
+    sharp = runs("single_sharp")
+    steps_single = {k: collapse_step(r) for k, _, r in single}
+    steps_sharp = {k: collapse_step(r) for k, _, r in sharp}
+    held5 = bool(sharp and single) and all(
+        v is not None and all(s is None or v < s for s in steps_single.values()) for v in steps_sharp.values())
+    sig["sharp_collapses_faster"] = {"rule": "the first evaluation at which RL (Single) on T0-sharp's P3/P4 reward is "
+                                             "<= -2 paired s.e. below Base comes before RL (Single) on T0's (every "
+                                             "seed; never counts as later than any step)",
+                                     "single": steps_single, "sharp": steps_sharp, "held": held5,
+                                     "rise_single": [r.get("train_reward", math.nan) - r.get("train_reward_start",
+                                                                                            math.nan)
+                                                     for _, _, r in single],
+                                     "rise_sharp": [r.get("train_reward", math.nan) - r.get("train_reward_start",
+                                                                                           math.nan)
+                                                    for _, _, r in sharp]}
+    # 6. the exploit ablation
+    sig["exploit_ablation"] = {"rule": f"remove the feature whose share rose most from Base's evaluation pitches to "
+                                       f"RL (Single)'s final ones and re-score those pitches: T0 loses >= "
+                                       f"{ABLATION_LOSS} and P3/P4 at most half of what T0 loses", "held": False}
+    if single:
+        _, base_recs = _eval_records(base[0][1], 0)
+        first = base_recs[0]["meta"].get("partner") if base_recs else None
+        base_p = [p for p, _, _ in _pitches(base_recs, first)]
+        _, recs = _eval_records(single[0][1])
+        fin = _pitches(recs, first)
+        share = {f: (float(np.mean([features(p)[f] for p, _, _ in fin])) if fin else math.nan,
+                     float(np.mean([features(p)[f] for p in base_p])) if base_p else math.nan) for f in FEATURES}
+        rose = {f: a - b for f, (a, b) in share.items()}
+        feat = max(rose, key=lambda f: rose[f])
+        abl: dict[str, Any] = {"feature": feat, "share_final": share[feat][0], "share_base": share[feat][1],
+                               "rises": rose}
+        if rescore and fin and rose[feat] > 0:
+            cfg, _, _, sims = load(configs, overrides)
+            from ..envs import get_env
+
+            tasks = {t.id: t for t in get_env(cfg.env.name).load_tasks(cfg.env.eval_split, **cfg.env.options)}
+            keep = {k: sims[k] for k in ("T0",) + UNSEEN if k in sims}
+            orig = score_pairs(cfg, [(p, tasks[t]) for p, t, _ in fin], keep, progress=log)
+            cut = score_pairs(cfg, [(ablate(p, feat), tasks[t]) for p, t, _ in fin], keep, progress=log)
+            loss = {k: float(np.nanmean(np.array(orig[k]["rewards"]) - np.array(cut[k]["rewards"]))) for k in keep}
+            unseen_loss = float(np.mean([loss[k] for k in UNSEEN if k in loss]))
+            abl.update(loss=loss, unseen_loss=unseen_loss,
+                       eval_check={k: float(np.nanmean(orig[k]["rewards"])) for k in keep})
+            sig["exploit_ablation"]["held"] = bool(loss.get("T0", 0) >= ABLATION_LOSS
+                                                   and unseen_loss <= loss.get("T0", 0) / 2)
+        elif rose[feat] <= 0:
+            abl["note"] = "no feature's share rose: nothing converged"
+        sig["exploit_ablation"].update(abl)
+    # 7. cures against Single, Holm-corrected
+    s_cells = [_cells_at(r, r.get("last_eval_step")) for _, _, r in single]
+    comps: list[dict[str, Any]] = []
+    for p in CURES:
+        rs = runs(p)
+        if not rs or not s_cells:
+            continue
+        d = _diff([_cells_at(r, r.get("last_eval_step")) for _, _, r in rs], s_cells, UNSEEN)
+        comps.append({"cure": p, "diff": d["mean"], "lo": d["lo"], "hi": d["hi"], "se": d["se"], "p": d["p"],
+                      "seeds": len(rs)})
+    for c, adj in zip(comps, holm([c["p"] for c in comps])):
+        c["p_holm"] = adj
+        c["supported"] = bool(adj < 0.05)
+    sig["cures_vs_single"] = {"rule": "each cure's final P3/P4 reward minus RL (Single)'s (both seeds), paired "
+                                      "bootstrap over the test personas; two-sided p-values Holm-corrected over the "
+                                      "cures", "comparisons": comps}
+    res["base_unseen"] = base[0][2].get("unseen")
+    with open(os.path.join(grid, "verdicts.json"), "w") as f:
+        json.dump(res, f, indent=1, default=float)
+    with open(os.path.join(grid, "verdicts.md"), "w") as f:
+        f.write(verdicts_markdown(res))
+    return res
+
+
+def _hn(v: Any) -> str:
+    return "**held**" if v else "**not held**"
+
+
+def verdicts_markdown(res: dict[str, Any]) -> str:
+    s = res["signatures"]
+    lines = ["# P4G-pitch: the pre-registered signatures, as measured", ""]
+    x = s["train_reward_rises"]
+    lines.append(f"1. {x['rule']}: {_hn(x['held'])}. " + "; ".join(
+        f"seed {r['seed']}: {_f(r['start'])} -> {_f(r['end'])} ({r['rise']:+.3f})" for r in x["seeds"]) + ".")
+    for key, n in (("unseen_below_base", 2), ("ensemble_not_below", 3)):
+        x = s[key]
+        lines.append(f"{n}. {x['rule']}: {_hn(x['held'])}. " + "; ".join(
+            f"seed {r['seed']}: {r['diff']:+.3f} [{r['lo']:+.3f}, {r['hi']:+.3f}], s.e. {_f(r['se'])}"
+            for r in x["seeds"]) + "." + (f" ({x['note']}.)" if x.get("note") else ""))
+    x = s["diversity_falls_more"]
+    lines.append(f"4. {x['rule']}: {_hn(x['held'])}. " + "; ".join(
+        f"{k}: entropy drop {_f(v['entropy_drop'])}, distinct {_f(v['distinct_start'], 2)} -> "
+        f"{_f(v['distinct_end'], 2)}, self-BLEU {_f(v['self_bleu_start'], 2)} -> {_f(v['self_bleu_end'], 2)}"
+        for k, v in x["runs"].items()) + ".")
+    x = s["sharp_collapses_faster"]
+    lines.append(f"5. {x['rule']}: {_hn(x['held'])}. First such step: T0 {x['single']}, T0-sharp {x['sharp']} "
+                 f"(None: never); training reward rise T0 {[_f(v) for v in x['rise_single']]}, T0-sharp "
+                 f"{[_f(v) for v in x['rise_sharp']]}.")
+    x = s["exploit_ablation"]
+    detail = ""
+    if "feature" in x:
+        detail = (f" Feature: `{x['feature']}` (share {_f(x['share_base'], 2)} at Base -> {_f(x['share_final'], 2)} "
+                  f"at the end)")
+        if "loss" in x:
+            detail += ("; loss when removed: " + ", ".join(f"{k} {v:+.3f}" for k, v in x["loss"].items())
+                       + f" (P3/P4 mean {x['unseen_loss']:+.3f})")
+        if x.get("note"):
+            detail += f"; {x['note']}"
+        detail += "."
+    lines.append(f"6. {x['rule']}: {_hn(x['held'])}.{detail}")
+    x = s["cures_vs_single"]
+    lines.append(f"7. {x['rule']}: " + ("; ".join(
+        f"{c['cure']} {c['diff']:+.3f} [{c['lo']:+.3f}, {c['hi']:+.3f}], p {_f(c['p'])}, Holm {_f(c['p_holm'])}"
+        f"{' (supported)' if c['supported'] else ''}" for c in x["comparisons"]) or "no cure run yet") + ".")
+    return "\n".join(lines) + "\n"

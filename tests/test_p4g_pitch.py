@@ -1,0 +1,122 @@
+"""P4G-pitch at a tiny size: its configs, panel, pilot, fidelity cards, positive control, grid and verdicts run
+end to end on tiny random models (the simulators P1-P4 all one quick `scope sim fit` of a tiny model)."""
+import json
+import os
+
+import pytest
+import yaml
+
+from conftest import shared_path
+from scope.lab import pitch
+from scope.lab.runner import read_plan, run_lab
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIGS = os.path.join(ROOT, "configs", "p4g_pitch")
+
+
+@pytest.fixture(scope="module")
+def tiny_setup(tmp_path_factory):
+    p4g = shared_path("data", "p4g")
+    from scope.sim.fit import FitConfig, fit
+
+    tmp = tmp_path_factory.mktemp("pitch")
+    fit(FitConfig(model="tiny-random", data_dir=p4g, out=str(tmp / "sim"), max_dialogues=2, max_tokens=512,
+                  batch_tokens=512, epochs=0.5, shard="1/4", form="pitch", decisions=True), log=lambda s: None,
+        progress=False)
+    adapter = str(tmp / "sim" / "adapter")
+    with open(os.path.join(CONFIGS, "panel.yaml")) as f:
+        panel = yaml.safe_load(f)
+    panel.update(tasks=2, episodes=4)
+    for k in ("p1", "p2", "p3", "p4"):
+        panel["models"][k] = {"path": "tiny-random", "adapter": adapter}
+    (tmp / "panel.yaml").write_text(yaml.safe_dump(panel))
+    overrides = ["models.policy.path=tiny-random", f"eval.panel={tmp / 'panel.yaml'}", f"env.options.data_dir={p4g}",
+                 "rollout.n_tasks=2", "rollout.group_size=2", "agent.max_new_tokens=4", "partner.max_new_tokens=4",
+                 "train.steps=2", "eval.every=2", "run.save_every=2", "run.keep_checkpoints=2"]
+    for k in ("p1", "p2"):
+        overrides += [f"models.{k}.path=tiny-random", f"models.{k}.adapter={adapter}"]
+    return tmp, overrides
+
+
+def test_the_simulator_fit_deals_the_persuadees_into_disjoint_quarters_with_decision_examples():
+    p4g = shared_path("data", "p4g")
+    from scope.sim.data import load_dialogues, shard_users
+
+    train = load_dialogues(p4g, "train")
+    parts = [shard_users(train, f"{k}/4") for k in range(1, 5)]
+    users = [{d.user_id for d in p} for p in parts]
+    assert sum(len(p) for p in parts) == len(train)
+    assert all(not (users[i] & users[j]) for i in range(4) for j in range(i + 1, 4))
+    view = next(d.decision_view() for d in parts[0] if d.decision_view() is not None)
+    assert view[1]["content"].endswith("[The chat ends now. Decide how much of your $2 to donate, from 0 to 2 "
+                                       "dollars.]")
+    assert view[2]["content"].startswith("[DONATE $") and "Reply briefly" in view[0]["content"]
+    with pytest.raises(ValueError, match="between 1 and n"):
+        shard_users(train, "5/4")
+    with pytest.raises(ValueError, match="k/n"):
+        shard_users(train, "half")
+
+
+def test_the_grid_plan_orders_the_runs_as_the_issue_asks():
+    from scope.lab.runner import available
+
+    plan = read_plan(CONFIGS, available(CONFIGS))
+    assert plan[:3] == [("base", 0), ("single", 0), ("single", 1)]
+    assert [p for p, _ in plan[3:]] == ["ensemble", "single_sharp", "ensemble_base", "single_p1", "cotrain",
+                                        "population"]
+
+
+def test_the_pilot_cards_and_control_run_at_a_tiny_size(tiny_setup):
+    tmp, overrides = tiny_setup
+    res = pitch.pilot(CONFIGS, str(tmp / "pilot"), n_sampled=4, n_personas=2, overrides=overrides, log=lambda s: None)
+    sims = res["simulators"]
+    assert {"T0", "P1", "P2", "P3", "P4", "base-T1.0", "verbal", "T0-sharp", "base-t0.5-careful"} <= set(sims)
+    assert sims["P3"]["group"] == "unseen" and sims["verbal"]["group"] == "control"
+    assert len(res["pitches"]) == 4 + len(pitch.TEMPLATES) and "GO" in open(tmp / "pilot" / "pilot.md").read()
+    cards = pitch.fidelity(CONFIGS, str(tmp / "cards"), n_dialogues=2, overrides=overrides, log=lambda s: None)
+    assert {"T0", "P3", "T0-sharp"} <= set(cards) and "verbal" not in cards
+    assert cards["T0"]["perplexity"] > 1 and cards["T0"]["wasserstein"] >= 0
+    assert cards["T0-sharp"]["perplexity"] != cards["T0"]["perplexity"]  # at its own temperature
+    ctl = pitch.positive_control(CONFIGS, str(tmp / "control"), lrs=(1e-4, 3e-4), steps=2, overrides=overrides,
+                                 log=lambda s: None)
+    assert ctl["chosen_lr"] in (1e-4, 3e-4) and all(len(r["reward"]) == 2 for r in ctl["runs"].values())
+
+
+def test_the_grid_runs_and_its_verdicts_are_computed_at_a_tiny_size(tiny_setup):
+    tmp, overrides = tiny_setup
+    out = str(tmp / "grid")
+    res = run_lab(out, configs=CONFIGS, seeds=2, overrides=overrides + ["partner.pool.every=1"], log=lambda s: None)
+    assert set(res["paradigms"]) == {"base", "single", "ensemble", "single_sharp", "ensemble_base", "single_p1",
+                                     "cotrain", "population"}
+    assert os.path.exists(os.path.join(out, "single", "seed1", "metrics.jsonl"))
+    assert not os.path.exists(os.path.join(out, "ensemble", "seed1"))  # the plan runs Ensemble once
+    # paired: every simulator of the panel scored the very pitches the first one did
+    with open(os.path.join(out, "single", "seed0", "eval", "step_000002", "eval_episodes.jsonl")) as f:
+        eps = [json.loads(x) for x in f]
+    firsts: dict = {}
+    for e in eps:
+        said = next(m["content"] for m in e["messages"] if m["role"] == "agent")
+        firsts.setdefault((e["task_id"], e["copy"]), set()).add(said)
+    assert len(firsts) == 4 and all(len(v) == 1 for v in firsts.values())
+    ev = json.load(open(os.path.join(out, "single", "seed0", "eval", "step_000002", "eval.json")))
+    assert ev["per_partner"]["verbal"]["control"] and "control_mean" in ev
+    assert ev["panel_mean"] == pytest.approx(sum(v["mean"] for v in ev["per_partner"].values() if not v["control"]) / 5)
+    # every checkpoint is kept, and `scope eval` reads one against the panel
+    assert sorted(os.listdir(os.path.join(out, "single", "seed0", "checkpoints"))) == ["step_000002"]
+    v = pitch.verdicts(out, CONFIGS, overrides=overrides, log=lambda s: None)
+    assert set(v["signatures"]) == {"train_reward_rises", "unseen_below_base", "ensemble_not_below",
+                                    "diversity_falls_more", "sharp_collapses_faster", "exploit_ablation",
+                                    "cures_vs_single"}
+    assert len(v["signatures"]["unseen_below_base"]["seeds"]) == 2
+    assert [c["cure"] for c in v["signatures"]["cures_vs_single"]["comparisons"]] == list(pitch.CURES)
+    md = open(os.path.join(out, "verdicts.md")).read()
+    assert md.count("held**") >= 6
+
+
+def test_bleu_and_group_diversity():
+    assert pitch.bleu("give to the children now", ["give to the children now"]) == pytest.approx(1.0)
+    assert pitch.bleu("a b c d", ["w x y z"]) == 0.0
+    d = pitch.group_diversity([["same pitch here", "same pitch here"], ["one thing", "another thing entirely"]])
+    assert d["distinct"] == pytest.approx(0.75) and 0 < d["self_bleu"] < 1
+    assert pitch.ablate("Please help the children now!", "children") == "Please help the now!"
+    assert pitch.features("Hi [Name], please give $1?")["placeholder"]
