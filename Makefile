@@ -6,7 +6,8 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo demo-p4g lab lab-quick test lint test-lab test-soak test-scale test-browser test-study-pg browser-env scale-env gpu-check bench koth-skills koth-tournament clean
+PHONY_PITCH := p4g-pitch-sims p4g-pitch-pilot p4g-pitch-control p4g-pitch
+.PHONY: $(PHONY_PITCH) install demo demo-p4g lab lab-quick test lint test-lab test-soak test-scale test-browser test-study-pg browser-env scale-env gpu-check bench koth-skills koth-tournament clean
 
 install: $(STAMP)
 
@@ -30,6 +31,24 @@ lab-quick: install
 
 lab: install
 	$(VENV)/bin/scope lab --out runs/lab
+
+# P4G-pitch (docs/p4g_pitch/README.md): the four simulators fitted to disjoint quarters of the train persuadees
+# (about 10 minutes each here), the pilot and fidelity cards, the positive control, then the grid (resumable).
+P4G_DATA ?= ../shared/data/p4g
+p4g-pitch-sims: install
+	for k in 1 2 3 4; do $(VENV)/bin/scope sim fit --data-dir $(P4G_DATA) --shard $$k/4 --form pitch --decisions \
+		--max-tokens 512 --out runs/p4g-pitch/sims/p$$k --no-progress || exit 1; done
+
+p4g-pitch-pilot: p4g-pitch-sims
+	$(VENV)/bin/scope pitch pilot
+	$(VENV)/bin/scope pitch cards
+
+p4g-pitch-control: p4g-pitch-sims
+	$(VENV)/bin/scope pitch control
+
+p4g-pitch: p4g-pitch-sims
+	$(VENV)/bin/scope lab --configs configs/p4g_pitch --out runs/p4g-pitch/grid
+	$(VENV)/bin/scope pitch verdicts --grid runs/p4g-pitch/grid
 
 # King of the Hill: retrain the PPO skills and the flat team into the cache (the package ships a trained set),
 # then the tournament of the README (bt, flat, random and the embedded SmolLM2 as the controller).

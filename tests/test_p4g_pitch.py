@@ -1,5 +1,6 @@
 """P4G-pitch at a tiny size: its configs, panel, pilot, fidelity cards, positive control, grid and verdicts run
 end to end on tiny random models (the simulators P1-P4 all one quick `scope sim fit` of a tiny model)."""
+import hashlib
 import json
 import os
 
@@ -55,6 +56,22 @@ def test_the_simulator_fit_deals_the_persuadees_into_disjoint_quarters_with_deci
         shard_users(train, "5/4")
     with pytest.raises(ValueError, match="k/n"):
         shard_users(train, "half")
+
+
+PANEL_SHA256 = "0a65185827aa0242b92955e4e9f3a01dbf193c586fdaeadef4037cad0b1e4c0c"
+"""The panel as committed before any training run (docs/p4g_pitch/README.md): it is not changed after a result."""
+
+
+def test_the_panel_is_the_preregistered_one():
+    with open(os.path.join(CONFIGS, "panel.yaml"), "rb") as f:
+        assert hashlib.sha256(f.read()).hexdigest() == PANEL_SHA256, "configs/p4g_pitch/panel.yaml changed"
+    from scope.eval import load_panel
+
+    panel = load_panel(os.path.join(CONFIGS, "panel.yaml"))
+    groups = {p.spec_id(): "control" if p.control else "seen" if p.seen else "unseen" for p in panel.partners}
+    assert groups == {"T0": "seen", "P1": "seen", "P2": "seen", "P3": "unseen", "P4": "unseen",
+                      "base-T1.0": "control", "verbal": "control"}
+    assert panel.paired and panel.tasks == 48 and panel.episodes == 96
 
 
 def test_the_grid_plan_orders_the_runs_as_the_issue_asks():
