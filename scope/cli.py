@@ -270,7 +270,8 @@ def cmd_pitch(args: argparse.Namespace) -> int:
     try:
         if args.pitch_cmd == "pilot":
             pitch.pilot(args.configs, args.out or "runs/p4g-pitch/pilot", n_sampled=args.pitches,
-                        n_personas=args.personas, overrides=args.set, log=log)
+                        n_personas=args.personas, overrides=args.set,
+                        only=args.simulators.split(",") if args.simulators else None, log=log)
         elif args.pitch_cmd == "cards":
             pitch.fidelity(args.configs, args.out or "runs/p4g-pitch/cards", n_dialogues=args.dialogues,
                            overrides=args.set, log=log)
@@ -532,6 +533,7 @@ def main(argv: list[str] | None = None) -> int:
             sp_.add_argument("--out", help="output directory (default runs/p4g-pitch/<command>)")
     ps.choices["pilot"].add_argument("--pitches", type=int, default=256, help="pitches sampled from the persuader")
     ps.choices["pilot"].add_argument("--personas", type=int, default=4, help="train personas each pitch is scored on")
+    ps.choices["pilot"].add_argument("--simulators", help="comma-separated: score under these simulators only")
     ps.choices["cards"].add_argument("--dialogues", type=int, default=48, help="held-out dialogues for the perplexity")
     ps.choices["control"].add_argument("--lrs", default="1e-4,3e-4", help="comma-separated learning rates")
     ps.choices["control"].add_argument("--steps", type=int, default=8)

@@ -102,9 +102,9 @@ def test_the_pilot_cards_and_control_run_at_a_tiny_size(tiny_setup):
 def test_the_grid_runs_and_its_verdicts_are_computed_at_a_tiny_size(tiny_setup):
     tmp, overrides = tiny_setup
     out = str(tmp / "grid")
-    res = run_lab(out, configs=CONFIGS, seeds=2, overrides=overrides + ["partner.pool.every=1"], log=lambda s: None)
-    assert set(res["paradigms"]) == {"base", "single", "ensemble", "single_sharp", "ensemble_base", "single_p1",
-                                     "cotrain", "population"}
+    res = run_lab(out, configs=CONFIGS, seeds=2, paradigms=("base", "single", "ensemble"), overrides=overrides,
+                  log=lambda s: None)
+    assert set(res["paradigms"]) == {"base", "single", "ensemble"}
     assert os.path.exists(os.path.join(out, "single", "seed1", "metrics.jsonl"))
     assert not os.path.exists(os.path.join(out, "ensemble", "seed1"))  # the plan runs Ensemble once
     # paired: every simulator of the panel scored the very pitches the first one did
@@ -118,14 +118,18 @@ def test_the_grid_runs_and_its_verdicts_are_computed_at_a_tiny_size(tiny_setup):
     ev = json.load(open(os.path.join(out, "single", "seed0", "eval", "step_000002", "eval.json")))
     assert ev["per_partner"]["verbal"]["control"] and "control_mean" in ev
     assert ev["panel_mean"] == pytest.approx(sum(v["mean"] for v in ev["per_partner"].values() if not v["control"]) / 5)
-    # every checkpoint is kept, and `scope eval` reads one against the panel
-    assert sorted(os.listdir(os.path.join(out, "single", "seed0", "checkpoints"))) == ["step_000002"]
+    # the checkpoint is kept, and `scope eval` reads it against any panel file
+    from scope.cli import main
+
+    ckpt = os.path.join(out, "single", "seed0", "checkpoints", "step_000002")
+    assert main(["eval", "--policy", ckpt, "--panel", str(tmp / "panel.yaml"), "--out", str(tmp / "ev")]) == 0
+    assert json.load(open(tmp / "ev" / "eval.json"))["per_partner"]["P3"]["n"] == 4
     v = pitch.verdicts(out, CONFIGS, overrides=overrides, log=lambda s: None)
     assert set(v["signatures"]) == {"train_reward_rises", "unseen_below_base", "ensemble_not_below",
                                     "diversity_falls_more", "sharp_collapses_faster", "exploit_ablation",
                                     "cures_vs_single"}
     assert len(v["signatures"]["unseen_below_base"]["seeds"]) == 2
-    assert [c["cure"] for c in v["signatures"]["cures_vs_single"]["comparisons"]] == list(pitch.CURES)
+    assert [c["cure"] for c in v["signatures"]["cures_vs_single"]["comparisons"]] == ["ensemble"]
     md = open(os.path.join(out, "verdicts.md")).read()
     assert md.count("held**") >= 6
 
@@ -137,3 +141,21 @@ def test_bleu_and_group_diversity():
     assert d["distinct"] == pytest.approx(0.75) and 0 < d["self_bleu"] < 1
     assert pitch.ablate("Please help the children now!", "children") == "Please help the now!"
     assert pitch.features("Hi [Name], please give $1?")["placeholder"]
+
+
+@pytest.mark.parametrize("paradigm", ["single_sharp", "ensemble_base", "single_p1", "cotrain", "population"])
+def test_the_other_paradigms_train_at_a_tiny_size(tiny_setup, paradigm):
+    """Each of the grid's other configs trains (a co-trained persuadee learns from its one- to three-token
+    decisions: its update sees trainable tokens)."""
+    from scope.config import load_config
+    from scope.run import read_metrics
+    from scope.train import train
+
+    tmp, overrides = tiny_setup
+    cfg = load_config(os.path.join(CONFIGS, paradigm + ".yaml"), overrides + [
+        "eval.panel=null", "train.steps=1", f"run.dir={tmp / paradigm}", "partner.pool.every=1"])
+    train(cfg, log=lambda s: None)
+    m = read_metrics(str(tmp / paradigm))[-1]
+    assert m["episodes"] == 4 and m["failed_episodes"] == 0
+    if paradigm in ("cotrain", "population"):
+        assert m["partner/train/trained_tokens"] > 0

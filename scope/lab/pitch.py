@@ -299,9 +299,9 @@ def analyse(pitches: list[str], n_sampled: int, scores: dict[str, dict[str, Any]
 
 
 def pilot(configs: str, out: str, n_sampled: int = 256, n_personas: int = 4, overrides: list[str] | None = None,
-          seed: int = 0, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Sample the pitches, score them under every simulator on ``n_personas`` train personas, write
-    ``pilot.json`` and ``pilot.md`` in ``out``."""
+          seed: int = 0, only: list[str] | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Sample the pitches, score them under every simulator (``only``: these) on ``n_personas`` train
+    personas, write ``pilot.json`` and ``pilot.md`` in ``out``."""
     import time
 
     from ..envs import get_env
@@ -309,6 +309,11 @@ def pilot(configs: str, out: str, n_sampled: int = 256, n_personas: int = 4, ove
     t0 = time.time()
     os.makedirs(out, exist_ok=True)
     cfg, _, agent, sims = load(configs, overrides)
+    if only:
+        missing = [s for s in only if s not in sims]
+        if missing:
+            raise ValueError(f"pilot: no simulator {missing}; the experiment has {', '.join(sims)}")
+        sims = {k: v for k, v in sims.items() if k in only}
     tasks = get_env(cfg.env.name).load_tasks(cfg.env.train_split, **cfg.env.options)
     random.Random(seed).shuffle(tasks)
     tasks = tasks[:n_personas]
@@ -317,7 +322,7 @@ def pilot(configs: str, out: str, n_sampled: int = 256, n_personas: int = 4, ove
     log(f"pilot: {len(sampled)} sampled + {len(TEMPLATES)} written pitches, {len(tasks)} personas, "
         f"{len(sims)} simulators")
     scores = score(cfg, pitches, tasks, sims, seed, progress=log)
-    res = analyse(pitches, n_sampled, scores)
+    res = analyse(pitches, n_sampled, scores, unseen=tuple(u for u in UNSEEN if u in scores))
     res.update(pitches=pitches, n_sampled=n_sampled, personas=[t.id for t in tasks], scores=scores,
                seconds=time.time() - t0)
     with open(os.path.join(out, "pilot.json"), "w") as f:
