@@ -7,7 +7,7 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
 PHONY_PITCH := p4g-pitch-sims p4g-pitch-pilot p4g-pitch-control p4g-pitch
-.PHONY: $(PHONY_PITCH) install demo demo-p4g lab lab-quick test lint test-lab test-soak test-scale test-browser test-study-pg browser-env scale-env gpu-check bench koth-skills koth-tournament clean
+.PHONY: $(PHONY_PITCH) install demo demo-p4g lab lab-quick test lint test-lab test-dist test-soak test-scale test-browser test-study-pg browser-env scale-env gpu-check bench koth-skills koth-tournament clean
 
 install: $(STAMP)
 
@@ -70,6 +70,11 @@ lint: install
 # The lab end to end (builds its models, runs `scope lab --quick`, checks the collapse signatures).
 test-lab: install
 	SCOPE_LAB_TESTS=1 $(PY) -m pytest -q tests/lab
+
+# The learner on torch.distributed: 2 processes on gloo (FileStore, loopback), 1 vs 2 ranks, co-training on
+# disjoint ranks, resume across world sizes, a killed rank.
+test-dist: install
+	SCOPE_DIST_TESTS=1 $(PY) -m pytest -q tests/dist
 
 # Kill a tiny training run (plain and population) 20 times at random moments and resume it each time.
 test-soak: install

@@ -277,6 +277,26 @@ class RunConfig(Strict):
     progress: bool = True
 
 
+class Placement(Strict):
+    ranks: list[int] | None = None
+    """The ranks this trained model's learner runs on (its own process group); None: every rank."""
+    strategy: Literal["ddp", "fsdp"] = "ddp"
+    """``ddp``: a full copy on each rank, gradients all-reduced; ``fsdp``: FSDP2, parameters, gradients and
+    optimizer state sharded over the ranks."""
+
+
+class ParallelConfig(Strict):
+    """A run launched over several ranks (``torchrun --nproc-per-node N -m scope.cli train ...``; see
+    ``scope.parallel``). Ignored by a one-process run."""
+
+    agent: Placement = Placement()
+    partner: Placement = Placement()
+    timeout: float = Field(default=3600.0, gt=0)
+    """Seconds a rank waits in a collective (the other ranks wait for rank 0's rollouts and evaluations)."""
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+    """``auto``: NCCL when the models are on GPUs, gloo on the CPU."""
+
+
 class Config(Strict):
     run: RunConfig = RunConfig()
     models: dict[str, ModelConfig] = {"policy": ModelConfig()}
@@ -292,6 +312,7 @@ class Config(Strict):
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
     diagnostics: DiagnosticsConfig = DiagnosticsConfig()
+    parallel: ParallelConfig = ParallelConfig()
 
     @field_validator("models")
     @classmethod

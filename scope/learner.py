@@ -160,26 +160,40 @@ class LearnerConfig:
     temperature: float = 0.7
 
 
+class LogProbs(torch.nn.Module):
+    """The learner's forward pass as a module: the log-prob (and entropy) of every selected token, position
+    t-1 predicting token t, under softmax(logits / temperature). Data-parallel wrappers (DDP, FSDP2) wrap
+    this module, so that their hooks see the whole forward, output layer included."""
+
+    def __init__(self, model: Any, temperature: float):
+        super().__init__()
+        self.model: Any = model  # a transformers model, or PEFT's wrapper of one
+        self.temperature = temperature
+
+    def forward(self, ids: torch.Tensor, att: torch.Tensor, sel: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        hidden = base.get_decoder()(input_ids=ids, attention_mask=att).last_hidden_state
+        h = hidden[:, :-1][sel[:, 1:]]  # position t-1 predicts token t
+        return token_logprobs(base.get_output_embeddings(), h, ids[sel], self.temperature)
+
+
 class Learner:
     """Updates one trainable ModelRef: a LoRA adapter of a backend, or its full weights."""
+
+    world = 1
+    """Ranks the gradients are averaged over (a data-parallel learner scales its loss by it)."""
 
     def __init__(self, backend: LocalBackend, adapter: str | None, cfg: LearnerConfig):
         self.backend, self.adapter, self.cfg = backend, adapter, cfg
         if os.environ.get("SCOPE_PIN_MMAP", "1") != "0":  # SCOPE_PIN_MMAP=0: glibc's default (see there)
             pin_mmap_threshold()  # the update's peak stays flat over steps and adapters
         self.params = backend.set_trainable(adapter)
+        self.module: Any = LogProbs(backend.model, cfg.temperature)  # (or its DDP / FSDP2 wrapping)
+        self.ref_model: Any = None
+        if cfg.kl_coef > 0 and adapter is None:  # full fine-tuning needs its own frozen copy
+            self.ref_model = LogProbs(clone_frozen(backend.model), cfg.temperature)
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, betas=(cfg.betas[0], cfg.betas[1]),
                                            weight_decay=cfg.weight_decay)
-        self.ref_model = None
-        if cfg.kl_coef > 0 and adapter is None:  # full fine-tuning needs its own frozen copy
-            self.ref_model = clone_frozen(backend.model)
-
-    # -- log-probs of the tokens a role generated, computed only where mask == 1 --
-    def _token_logprobs(self, model, ids: torch.Tensor, att: torch.Tensor, sel: torch.Tensor):
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        hidden = base.get_decoder()(input_ids=ids, attention_mask=att).last_hidden_state
-        h = hidden[:, :-1][sel[:, 1:]]  # position t-1 predicts token t
-        return token_logprobs(base.get_output_embeddings(), h, ids[sel], self.cfg.temperature)
 
     def _batch(self, traces: Sequence[Trace]):
         L = max(len(t.token_ids) for t in traces)
@@ -214,63 +228,103 @@ class Learner:
             out.append(cur)
         return out
 
+    def _token_logprobs(self, model, ids: torch.Tensor, att: torch.Tensor, sel: torch.Tensor):
+        """(log-prob, entropy) of the selected tokens under ``model`` at the learner's temperature."""
+        return LogProbs(model, self.cfg.temperature)(ids, att, sel)
+
+    @staticmethod
+    def items(traces: Sequence[Trace], advantages: Sequence[float | None]) -> list[tuple[Trace, float]]:
+        """The (trace, advantage) pairs an update trains on: episodes with an advantage and generated tokens."""
+        return [(t, a) for t, a in zip(traces, advantages) if a is not None and t.n_generated > 0]
+
+    @staticmethod
+    def n_tokens(items: Sequence[tuple[Trace, float]]) -> int:
+        """The trainable tokens of ``items`` (a trace's first token has no prediction): the loss's divisor."""
+        return sum(t.n_generated - t.mask[0] for t, _ in items)
+
+    def minibatches(self, items: list[tuple[Trace, float]]) -> list[list[tuple[Trace, float]]]:
+        n_mb = max(1, min(self.cfg.num_minibatches, len(items)))
+        return [items[k::n_mb] for k in range(n_mb)]
+
     def update(self, traces: Sequence[Trace], advantages: Sequence[float | None]) -> dict[str, float]:
-        items = [(t, a) for t, a in zip(traces, advantages) if a is not None and t.n_generated > 0]
+        items = self.items(traces, advantages)
         if not items:
             return {"trained_sequences": 0}
-        cfg = self.cfg
-        n_mb = max(1, min(cfg.num_minibatches, len(items)))
-        minibatches = [items[k::n_mb] for k in range(n_mb)]
         agg: dict[str, float] = {}
         tot_tokens = 0
-        release_free_memory()  # what the rollout freed (its KV slabs) is not reused by the update's buffers
-        self.backend.model.train()
-        for p in self.params:  # (a loaded or copied adapter may have requires_grad off)
-            p.requires_grad_(True)
+        minibatches = self.minibatches(items)
+        self._begin()
         try:
             for mb in minibatches:
-                n_tok = sum(t.n_generated - t.mask[0] for t, _ in mb)
+                n_tok = self.n_tokens(mb)
                 self.optimizer.zero_grad(set_to_none=True)
-                for micro in self._micro_batches(mb):
-                    m = self._micro_step(micro, n_tok)
+                for m in self._accumulate(mb, n_tok):
                     for k, v in m.items():
                         agg[k] = agg.get(k, 0.0) + v
-                gn = torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip)
-                if not torch.isfinite(gn):
-                    self.optimizer.zero_grad(set_to_none=True)
-                    agg["skipped_nonfinite"] = agg.get("skipped_nonfinite", 0) + 1
-                else:
-                    self.optimizer.step()
-                agg["grad_norm"] = agg.get("grad_norm", 0.0) + float(gn) / n_mb
+                self._step(agg, len(minibatches))
                 tot_tokens += n_tok
         finally:
-            self.backend.model.eval()
-            release_free_memory()
+            self._end()
+        return self._summary(agg, len(items), tot_tokens)
+
+    # -- the pieces of an update (a data-parallel learner replaces _accumulate and _reduce) --
+    def _begin(self) -> None:
+        release_free_memory()  # what the rollout freed (its KV slabs) is not reused by the update's buffers
+        self.module.train()
+        for p in self.params:  # (a loaded or copied adapter may have requires_grad off)
+            p.requires_grad_(True)
+
+    def _end(self) -> None:
+        self.module.eval()
+        release_free_memory()
         self.backend.versions[self.adapter] = self.backend.versions.get(self.adapter, 0) + 1
-        out = {k: v / max(tot_tokens, 1) for k, v in agg.items() if k.startswith("sum_")}
-        out = {k[4:]: v for k, v in out.items()}
-        out.update(grad_norm=agg.get("grad_norm", 0.0), trained_sequences=len(items), trained_tokens=tot_tokens,
+
+    def _accumulate(self, mb: list[tuple[Trace, float]], n_tok: int):
+        """Forward and backward over ``mb``'s micro-batches, gradients accumulated; yields each one's sums."""
+        for micro in self._micro_batches(mb):
+            yield self._micro_step(micro, n_tok)
+
+    def _step(self, agg: dict[str, float], n_mb: int) -> None:
+        gn = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip)
+        gn = gn.full_tensor() if hasattr(gn, "full_tensor") else gn  # (a sharded model's norm is a DTensor)
+        if not torch.isfinite(gn):
+            self.optimizer.zero_grad(set_to_none=True)
+            agg["skipped_nonfinite"] = agg.get("skipped_nonfinite", 0) + 1
+        else:
+            self.optimizer.step()
+        agg["grad_norm"] = agg.get("grad_norm", 0.0) + float(gn) / n_mb
+
+    def _reduce(self, agg: dict[str, float]) -> dict[str, float]:
+        """The sums of every rank's share (one process: its own)."""
+        return agg
+
+    def _summary(self, agg: dict[str, float], n_items: int, tot_tokens: int) -> dict[str, float]:
+        agg = self._reduce(agg)
+        out = {k[4:]: v / max(tot_tokens, 1) for k, v in agg.items() if k.startswith("sum_")}
+        out.update(grad_norm=agg.get("grad_norm", 0.0), trained_sequences=n_items, trained_tokens=tot_tokens,
                    skipped_nonfinite=agg.get("skipped_nonfinite", 0))
         return out
 
-    def _micro_step(self, micro: list[tuple[Trace, float]], n_tok_total: int) -> dict[str, float]:
+    def _micro_step(self, micro: list[tuple[Trace, float]], n_tok_total: int, weight: float = 1.0) -> dict[str, float]:
+        """Forward and backward of one micro-batch; its loss is its share of the minibatch's mean over
+        ``n_tok_total`` tokens, times ``self.world`` (a data-parallel wrapper averages the ranks' gradients)
+        and ``weight`` (0 for the empty micro-batches that keep a rank in step with the others)."""
         cfg = self.cfg
         traces = [t for t, _ in micro]
         dev = getattr(self.backend, "device", torch.device("cpu"))
         ids, att, sel, old = (x.to(dev) for x in self._batch(traces))
         adv = torch.cat([torch.full((int(sel[i].sum()),), float(a)) for i, (_, a) in enumerate(micro)]).to(dev)
-        model = self.backend.model
         ref_logp = None
         if cfg.kl_coef > 0:
             with torch.no_grad():
                 if self.ref_model is not None:
-                    ref_logp = self._token_logprobs(self.ref_model, ids, att, sel)[0]
+                    ref_logp = self.ref_model(ids, att, sel)[0]
                 else:
                     with self.backend.using(None):
-                        ref_logp = self._token_logprobs(model, ids, att, sel)[0]
+                        ref_logp = self.module(ids, att, sel)[0]
         # the adapter stays active through backward: switching adapters changes which weights require grad
         with self.backend.using(self.adapter):
-            logp, entropy = self._token_logprobs(model, ids, att, sel)
+            logp, entropy = self.module(ids, att, sel)
             ratio = torch.exp(logp - old)
             pg1 = ratio * adv
             pg2 = ratio.clamp(1 - cfg.eps_low, 1 + cfg.eps_high) * adv
@@ -282,7 +336,11 @@ class Learner:
                 kl = torch.exp(d) - d - 1
                 loss_tok = pg + cfg.kl_coef * kl
             loss = loss_tok.sum() / n_tok_total
+            if self.world != 1 or weight != 1.0:
+                loss = loss * (self.world * weight)
             loss.backward()
+        if not weight:
+            return {}
         with torch.no_grad():
             clipped = ((ratio < 1 - cfg.eps_low) & (adv < 0)) | ((ratio > 1 + cfg.eps_high) & (adv > 0))
         loss_tok, pg, kl = loss_tok.detach(), pg.detach(), kl.detach()
@@ -295,8 +353,48 @@ class Learner:
         return {"optimizer": self.optimizer.state_dict(), "version": self.backend.versions.get(self.adapter, 0)}
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(sd["optimizer"])
+        if "optimizer" in sd:  # (a checkpoint of a distributed run keeps it in dist_<role>/ only)
+            self.optimizer.load_state_dict(sd["optimizer"])
         self.backend.versions[self.adapter] = sd["version"]
+
+    # -- the training state as torch.distributed.checkpoint writes it (any world size reads it back) --
+    def _group(self):
+        """The process group of a distributed learner; None: one process."""
+        return None
+
+    def _dcp_state(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+        model, optim = get_state_dict(self.module, self.optimizer, options=StateDictOptions(ignore_frozen_params=True))
+        if self.adapter is not None:  # (other adapters on the same base train too, with learners of their own)
+            model = {k: v for k, v in model.items() if f".{self.adapter}." in k and "lora_" in k}
+        return {"model": model, "optim": optim}
+
+    def save_dcp(self, path: str) -> None:
+        """The trainable weights and the optimizer, sharded as they are, into ``path`` (DCP)."""
+        import torch.distributed.checkpoint as dcp
+
+        import warnings
+
+        g = self._group()
+        with warnings.catch_warnings():  # (one process: DCP says it assumes so)
+            warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
+            dcp.save(self._dcp_state(), checkpoint_id=path, process_group=g, no_dist=g is None)
+
+    def load_dcp(self, path: str) -> None:
+        """The state :meth:`save_dcp` wrote, from a run of any world size (DCP reshards it)."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+        import warnings
+
+        g = self._group()
+        st = self._dcp_state()
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
+            dcp.load(st, checkpoint_id=path, process_group=g, no_dist=g is None)
+        set_state_dict(self.module, self.optimizer, model_state_dict=st["model"], optim_state_dict=st["optim"],
+                       options=StateDictOptions(ignore_frozen_params=True, strict=False))
 
 
 def release_free_memory() -> None:

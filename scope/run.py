@@ -193,7 +193,11 @@ class Checkpointer:
         return sorted(d for d in os.listdir(self.root) if STEP_DIR.fullmatch(d) and
                       os.path.exists(os.path.join(self.root, d, "state.pt")))
 
-    def save(self, step: int, backends, learners, sampler, env_rng: random.Random, sources=None) -> str:
+    def save(self, step: int, backends, learners, sampler, env_rng: random.Random, sources=None,
+             before_publish=None) -> str:
+        """``before_publish(tmp)``: writes what other processes add to the checkpoint (a distributed run's
+        sharded training state) before the directory is published; by default each learner's own
+        ``save_dcp`` writes its training state into ``dist_<role>/``."""
         final = os.path.join(self.root, f"step_{step:06d}")
         tmp = final + ".tmp"
         shutil.rmtree(tmp, ignore_errors=True)
@@ -217,16 +221,26 @@ class Checkpointer:
         torch.save(state, os.path.join(tmp, "state.pt"))
         with open(os.path.join(tmp, "config.yaml"), "w") as f:
             f.write(dump_config(self.cfg))
+        if before_publish is not None:
+            before_publish(tmp)
+        else:
+            for role, learner in learners.items():
+                if hasattr(learner, "save_dcp"):
+                    learner.save_dcp(os.path.join(tmp, f"dist_{role}"))
         publish_dir(tmp, final)
         for old in self.list()[:-self.cfg.run.keep_checkpoints]:
             shutil.rmtree(os.path.join(self.root, old), ignore_errors=True)
         return final
+
+    last_loaded: str | None = None
+    """The checkpoint directory ``load_latest`` read."""
 
     def load_latest(self, backends, learners, sampler, env_rng: random.Random, sources=None) -> int:
         done = self.list()
         if not done:
             return 0
         path = os.path.join(self.root, done[-1])
+        self.last_loaded = path
         state = torch.load(os.path.join(path, "state.pt"), weights_only=True)  # tensors and plain data only
         for role, learner in learners.items():
             src = os.path.join(path, role)
@@ -244,6 +258,9 @@ class Checkpointer:
                 loaded = AutoModelForCausalLM.from_pretrained(src)
                 learner.backend.model.load_state_dict(loaded.state_dict())
             learner.load_state_dict(state["learners"][role])
+            d = os.path.join(path, f"dist_{role}")
+            if hasattr(learner, "load_dcp") and os.path.isdir(d):  # the training state of any world size
+                learner.load_dcp(d)
         sampler.load_state_dict(state["sampler"])
         env_rng.setstate(state["env_rng"])
         random.setstate(state["python_rng"])

@@ -17,7 +17,7 @@ import os
 import random
 import shutil
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import torch
@@ -85,32 +85,72 @@ def seed_all(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def learner_config(cfg: Config, owner: str) -> LearnerConfig:
+    """The learner settings of a trained model: the run's ``train`` section, with its role's lr and KL."""
+    rc = cfg.roles()[owner]
+    return LearnerConfig(**cfg.train.model_dump(exclude={"steps", "success_threshold", "no_signal_warn",
+                                                         "max_failed_steps", "lr", "kl_coef"}),
+                         lr=rc.lr or cfg.train.lr, temperature=rc.temperature,
+                         kl_coef=cfg.train.kl_coef if rc.kl_coef is None else rc.kl_coef)
+
+
 def train(cfg: Config, resume: bool = False, on_step_end: Callable[[int], None] | None = None,
-          log: Callable[[str], None] = print) -> RunDir:
+          log: Callable[[str], None] = print) -> RunDir | None:
+    """Run ``cfg``'s training. Under torchrun (``scope.parallel``) rank 0 runs this loop and the other ranks
+    follow its commands; they return None."""
+    from . import parallel
+
     tasks = check_start(cfg, resume)  # data, splits, panel: before anything is loaded or written
     seed_all(cfg.run.seed)
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
+    owners = parallel.owners_of(cfg)
+    configs = {o: learner_config(cfg, o) for o in owners}
+    job = parallel.start(cfg, owners)
+    if job is None:
+        return _train(cfg, tasks, resume, on_step_end, log, configs)
+    try:
+        if not job.main:
+            parallel.follow(job, cfg, owners, configs)
+            return None
+        try:
+            out = _train(cfg, tasks, resume, on_step_end, log, configs, job)
+        except BaseException as e:
+            try:  # the other ranks end too, naming the reason
+                job.broadcast(("stop", f"{type(e).__name__}: {e}"))
+            except Exception:  # noqa: BLE001 - a rank is gone already: torchrun stops the rest
+                pass
+            raise
+        job.broadcast(("stop", None))
+        return out
+    finally:
+        job.close()
+
+
+def _train(cfg: Config, tasks: list[Task], resume: bool, on_step_end, log, configs: dict[str, LearnerConfig],
+           job=None) -> RunDir:
+    from . import parallel
+
     t_load = time.time()
     with starting("models"):
         backends, sources, trainable = build_models(cfg)
         judge = build_judge(cfg, backends)
     log(f"loaded models {sorted(backends)} in {time.time() - t_load:.1f}s")
     run = RunDir(cfg.run.dir, cfg, resume=resume)  # only once everything the run needs is there
-    learners: dict[str, Learner] = {}   # one per trained set of weights
+    owners = list(configs)
+    local = parallel.build_learners(job, cfg, owners, configs, trainable) if job is not None else {}
+    learners: dict[str, Any] = {   # one per trained set of weights
+        o: (parallel.RemoteLearner(job, o, trainable[o], local.get(o)) if job is not None
+            else Learner(trainable[o].backend, trainable[o].adapter, configs[o])) for o in owners}
     roles_of: dict[str, list[str]] = {}  # learner -> the roles whose tokens it trains on
     for role, rc in cfg.roles().items():
-        if not rc.trainable:
-            continue
-        owner = "agent" if rc.self_play else role
-        if owner not in learners:
-            ref = trainable[owner]
-            lc = LearnerConfig(**cfg.train.model_dump(exclude={"steps", "success_threshold", "no_signal_warn",
-                                                               "max_failed_steps", "lr", "kl_coef"}),
-                               lr=rc.lr or cfg.train.lr, temperature=rc.temperature,
-                               kl_coef=cfg.train.kl_coef if rc.kl_coef is None else rc.kl_coef)
-            learners[owner] = Learner(ref.backend, ref.adapter, lc)
-        roles_of.setdefault(owner, []).append(role)
+        if rc.trainable:
+            roles_of.setdefault("agent" if rc.self_play else role, []).append(role)
+    save_hook = None
+    if job is not None:
+        def save_hook(tmp: str) -> None:
+            job.broadcast(("save", tmp))
+            parallel.save_all(job, local, owners, tmp)
     pools = {r: s for r, s in sources.items() if hasattr(s, "maybe_snapshot")}
     rollout = make_rollout(cfg, backends)  # in this process, or in Ray workers
     sampler = TaskSampler(tasks, cfg.run.seed)
@@ -119,6 +159,9 @@ def train(cfg: Config, resume: bool = False, on_step_end: Callable[[int], None] 
     start = 0
     if resume:
         start = ckpt.load_latest(backends, learners, sampler, env_rng, sources)
+        if job is not None and ckpt.last_loaded is not None:  # each rank's share of the training state
+            job.broadcast(("load", ckpt.last_loaded))
+            parallel.load_all(job, local, owners, ckpt.last_loaded)
         log(f"resumed from step {start}")
     if start == 0:
         for pool in pools.values():
@@ -170,7 +213,7 @@ def train(cfg: Config, resume: bool = False, on_step_end: Callable[[int], None] 
             f"turns {m['turns_mean']:.1f} failed {m['failed_episodes']} | rollout {t1 - t0:.1f}s "
             f"({m['tokens_per_second']:.0f} tok/s) train {t2 - t1:.1f}s")
         if step % cfg.run.save_every == 0 or step == cfg.train.steps:
-            ckpt.save(step, backends, learners, sampler, env_rng, sources)
+            ckpt.save(step, backends, learners, sampler, env_rng, sources, before_publish=save_hook)
         if on_step_end:
             on_step_end(step)
     metrics_log.close()
@@ -249,7 +292,7 @@ def update_learner(owner: str, learner: Learner, roles: list[str], episodes: lis
             m[f"{role}/reward_mean"] = float(np.mean(rs))
     out = learner.update(traces, advs)
     prefix = "" if owner == "agent" else f"{owner}/"
-    m.update({f"{prefix}train/{k}": v for k, v in out.items()})
+    m.update({(k if k.startswith("rank") else f"{prefix}train/{k}"): v for k, v in out.items()})  # (per-rank: as is)
     m[f"{prefix}train/nonzero_adv_frac"] = (sum(1 for a in advs if a) / len(advs)) if advs else 0.0
     if "entropy" in out:
         m[f"{prefix}policy_entropy"] = out["entropy"]
