@@ -18,7 +18,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BENCHES = ["rollout_throughput", "verbalized_sampling", "population", "alternating_updates", "learner_memory",
-           "decode_step", "tau2_env", "coop_env", "koth_game", "scale"]
+           "decode_step", "parallel_step", "tau2_env", "coop_env", "koth_game", "scale"]
 ROOT = os.path.dirname(HERE)
 PYTHON = {"scale": os.path.join(ROOT, ".venv-scale", "bin", "python")}  # vLLM and Ray live in their own venv
 SCRIPT = {"tau2_retail": "tau2_env", "tau2_airline": "tau2_env"}  # a report's name -> the script that writes it
@@ -38,6 +38,9 @@ GOALS = {
     ("alternating_updates", "dynamic_transient_ratio"): (None, None, "x", "the same with glibc's dynamic threshold"),
     ("learner_memory", "transient_gb"): (None, None, "GB", "one learner update's transient, default micro-batch"),
     ("learner_memory", "update_s"): (None, None, "s", "one learner update (16 x ~240 tokens, LoRA)"),
+    ("parallel_step", "one_process_s"): (None, None, "s", "one LoRA update (16 x ~240 tokens), one process"),
+    ("parallel_step", "ddp_ratio"): (None, None, "x", "the same update over 2 gloo ranks (DDP) vs one process"),
+    ("parallel_step", "fsdp_ratio"): (None, None, "x", "the same update over 2 gloo ranks (FSDP2) vs one process"),
     ("decode_step", "prefill_chunked_tok_s"): (None, None, "tok/s", "prefill, 32 x 204 tokens in the engine's chunks"),
     ("tau2_retail", "calls_per_s"): (None, None, "/s", "tau2 retail tool calls"),
     ("tau2_airline", "calls_per_s"): (None, None, "/s", "tau2 airline tool calls"),

@@ -69,6 +69,10 @@ def rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
+def local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
 @dataclass
 class Placement:
     """Where one trained model lives: its ranks, its process group and how it is wrapped."""
@@ -93,6 +97,8 @@ class Job:
         if backend == "auto":
             backend = "nccl" if torch.cuda.is_available() and cfg.models[cfg.agent.model].device != "cpu" else "gloo"
         init = os.environ.get("SCOPE_DIST_INIT", "env://")
+        if backend == "nccl":  # each rank on its own GPU (collectives of Python objects go through it)
+            torch.cuda.set_device(local_rank())
         if not dist.is_initialized():
             dist.init_process_group(backend, init_method=init, rank=self.rank, world_size=self.size,
                                     timeout=datetime.timedelta(seconds=cfg.parallel.timeout))
@@ -287,6 +293,10 @@ def training_copy(cfg, owner: str, seed: int):
 
     rc = cfg.roles()[owner]
     mc = cfg.models[rc.model]
+    if mc.device != "cpu" and torch.cuda.is_available():  # a training copy on this rank's own GPU
+        mc = mc.model_copy(update={"device": f"cuda:{local_rank()}", "backend": "local"})
+    else:
+        mc = mc.model_copy(update={"backend": "local"})  # (an engine samples for the generation copy only)
     b = open_backend(mc, f"{rc.model}#train", seed=seed)
     if mc.finetune == "lora":
         b.add_lora(owner, r=mc.lora.r, alpha=mc.lora.alpha, dropout=mc.lora.dropout,
