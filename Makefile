@@ -124,6 +124,9 @@ test-study-pg: install
 # On a machine with a GPU: a rollout, a training step and the log-prob check on Qwen3-0.6B/4B shapes.
 gpu-check: install
 	$(PY) benchmarks/gpu_check.py
+	if [ "$$($(PY) -c 'import torch; print(torch.cuda.device_count())')" -ge 2 ]; then \
+		$(PY) benchmarks/gpu_check.py --shapes qwen3-0.6b --fsdp 2; \
+	else echo "gpu-check: fewer than 2 GPUs, the FSDP2 step is skipped"; fi
 
 # Every benchmark in turn, then one table of each figure beside its goal (about 25 minutes here).
 bench: install

@@ -224,12 +224,15 @@ class DistLearner(Learner):
 
     # -- weights --
     def trained_state(self) -> dict[str, torch.Tensor]:
-        """The trained weights, whole (a collective over the group: every rank must call it), keyed as the
-        generation copy names them."""
+        """The trained weights, whole, on the group's first rank (a collective over the group: every rank must
+        call it; the others get an empty dict), keyed as the generation copy names them. One parameter is
+        gathered at a time, so a rank holds one whole parameter beyond its shards at once."""
         out = {}
         for name, p in _named_trainable(self.backend.model, self.adapter):
             t = p.full_tensor() if hasattr(p, "full_tensor") else p
-            out[name] = t.detach().cpu().clone()
+            if self.local == 0:
+                out[name] = t.detach().cpu().clone()
+            del t
         return out
 
     def load_weights(self, state: dict[str, torch.Tensor]) -> None:
