@@ -280,8 +280,10 @@ def cmd_pitch(args: argparse.Namespace) -> int:
                                    lrs=tuple(float(x) for x in args.lrs.split(",")), steps=args.steps,
                                    overrides=args.set, log=log)
         else:
-            res = pitch.verdicts(args.grid, args.configs, overrides=args.set, log=log)
-            print(pitch.verdicts_markdown(res))
+            from .lab import pitch_verdicts
+
+            res = pitch_verdicts.verdicts(args.grid, args.configs, overrides=args.set, log=log)
+            print(pitch_verdicts.verdicts_markdown(res))
     except (FileNotFoundError, ValueError, _config.ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -100,6 +100,10 @@ def test_every_config_the_docs_name_loads(path):
         from scope.personas.config import load_search_config
 
         load_search_config(full)
+    elif path.endswith("/grid.yaml"):  # a lab grid's run order
+        from scope.lab.runner import available, read_plan
+
+        assert read_plan(os.path.dirname(full), available(os.path.dirname(full)))
     else:
         r = subprocess.run(SCOPE + ["check-config", full], capture_output=True, text=True, cwd=ROOT, timeout=120)
         assert r.returncode == 0, f"{path}: {r.stderr[-500:]}"

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from conftest import shared_path
-from scope.lab import pitch
+from scope.lab import pitch, pitch_verdicts
 from scope.lab.runner import read_plan, run_lab
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -124,7 +124,7 @@ def test_the_grid_runs_and_its_verdicts_are_computed_at_a_tiny_size(tiny_setup):
     ckpt = os.path.join(out, "single", "seed0", "checkpoints", "step_000002")
     assert main(["eval", "--policy", ckpt, "--panel", str(tmp / "panel.yaml"), "--out", str(tmp / "ev")]) == 0
     assert json.load(open(tmp / "ev" / "eval.json"))["per_partner"]["P3"]["n"] == 4
-    v = pitch.verdicts(out, CONFIGS, overrides=overrides, log=lambda s: None)
+    v = pitch_verdicts.verdicts(out, CONFIGS, overrides=overrides, log=lambda s: None)
     assert set(v["signatures"]) == {"train_reward_rises", "unseen_below_base", "ensemble_not_below",
                                     "diversity_falls_more", "sharp_collapses_faster", "exploit_ablation",
                                     "cures_vs_single"}

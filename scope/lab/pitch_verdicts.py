@@ -1,0 +1,260 @@
+"""P4G-pitch's pre-registered signatures, computed from a finished grid (``scope pitch verdicts``): each held,
+not held, or not decidable, with its numbers (docs/p4g_pitch/README.md lists them as registered)."""
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any, Callable
+
+import numpy as np
+
+from .pitch import FEATURES, UNSEEN, _f, ablate, features, group_diversity, load, score_pairs
+
+# ---- the pre-registered signatures ----------------------------------------------------------------------
+CURES = ("ensemble", "ensemble_base", "cotrain", "population")
+RISE = 0.15
+"""Signature 1: Single's training reward (mean of the last 4 steps minus the first 4) rises by at least this."""
+ABLATION_LOSS = 0.05
+"""Signature 6: removing the converged feature costs T0 at least this much, and P3/P4 at most half of it."""
+
+
+def _eval_records(run_dir: str, step: int | None = None) -> tuple[int | None, list[dict[str, Any]]]:
+    d = os.path.join(run_dir, "eval")
+    steps = sorted(int(n[5:]) for n in os.listdir(d) if n.startswith("step_")) if os.path.isdir(d) else []
+    if not steps:
+        return None, []
+    s = steps[-1] if step is None else step
+    with open(os.path.join(d, f"step_{s:06d}", "eval_episodes.jsonl")) as f:
+        return s, [json.loads(x) for x in f if x.strip()]
+
+
+def _pitches(records: list[dict[str, Any]], partner: str | None = None) -> list[tuple[str, str, int]]:
+    """(pitch, task id, copy) of each evaluation episode of one partner (the paired panel's first: the pitches
+    every other partner scored)."""
+    out = []
+    for r in records:
+        if partner is not None and r["meta"].get("partner") != partner:
+            continue
+        said = [m["content"] for m in r["messages"] if m["role"] == "agent"]
+        if said and r.get("status") != "failed":
+            out.append((said[0], r["task_id"], r["copy"]))
+    return out
+
+
+def rollout_diversity(run_dir: str, window: int = 4) -> dict[str, float]:
+    """Distinct pitches and self-BLEU within each training group, averaged over the first and the last ``window``
+    steps' saved rollouts."""
+    d = os.path.join(run_dir, "rollouts")
+    files = sorted(f for f in os.listdir(d) if f.startswith("step_")) if os.path.isdir(d) else []
+    out: dict[str, float] = {}
+    for name, chosen in (("start", files[:window]), ("end", files[-window:])):
+        groups: dict[str, list[str]] = {}
+        for fn in chosen:
+            with open(os.path.join(d, fn)) as f:
+                for line in f:
+                    r = json.loads(line)
+                    said = [m["content"] for m in r["messages"] if m["role"] == "agent"]
+                    if said:
+                        groups.setdefault(fn + r["group_id"], []).append(said[0])
+        div = group_diversity(list(groups.values()))
+        out[f"distinct_{name}"], out[f"self_bleu_{name}"] = div["distinct"], div["self_bleu"]
+    return out
+
+
+def _diff(run_cells: list, base_cells: list, partners) -> dict[str, float]:
+    from ..stats import task_bootstrap
+
+    return task_bootstrap(run_cells, list(partners), minus=base_cells)
+
+
+def verdicts(grid: str, configs: str = "configs/p4g_pitch", overrides: list[str] | None = None,
+             rescore: bool = True, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Every pre-registered signature of docs/p4g_pitch/README.md from the runs in ``grid``: held, not held, or
+    not decidable (a run it needs is missing), with the numbers. ``rescore``: the exploit ablation loads the
+    models and re-scores Single's final pitches with and without the feature they converged on. Writes
+    ``verdicts.json`` and ``verdicts.md`` in ``grid``."""
+    from ..stats import holm
+    from .runner import _cells_at, run_summary
+
+    def runs(p):
+        out = []
+        for k in range(8):
+            d = os.path.join(grid, p, f"seed{k}")
+            if os.path.exists(os.path.join(d, "metrics.jsonl")):
+                out.append((k, d, run_summary(d)))
+        return out
+
+    base = runs("base")
+    if not base:
+        raise FileNotFoundError(f"{grid}/base/seed0: the grid has no Base run yet")
+    base_cells = [_cells_at(base[0][2], 0)]
+    res: dict[str, Any] = {"grid": grid, "signatures": {}}
+    sig = res["signatures"]
+    single = runs("single")
+
+    def end_diff(r):
+        return _diff([_cells_at(r, r.get("last_eval_step"))], base_cells, UNSEEN)
+
+    # 1. Single's training reward rises
+    rows = [{"seed": k, "start": r.get("train_reward_start"), "end": r.get("train_reward"),
+             "rise": (r.get("train_reward") or math.nan) - (r.get("train_reward_start") or math.nan)}
+            for k, _, r in single]
+    sig["train_reward_rises"] = {"rule": f"RL (Single)'s training reward, last 4 steps minus first 4, >= {RISE}, "
+                                         "in every seed", "seeds": rows,
+                                 "held": bool(rows) and all(x["rise"] >= RISE for x in rows)}
+    # 2. unseen reward ends below Base
+    rows = []
+    for k, _, r in single:
+        d = end_diff(r)
+        rows.append({"seed": k, "diff": d["mean"], "se": d["se"], "lo": d["lo"], "hi": d["hi"],
+                     "below": bool(d["mean"] <= -2 * d["se"])})
+    sig["unseen_below_base"] = {"rule": "RL (Single)'s final P3/P4 reward minus Base's <= -2 paired s.e. (bootstrap "
+                                        "over the test personas), in both seeds",
+                                "seeds": rows, "held": len(rows) >= 2 and all(x["below"] for x in rows)}
+    # 3. Ensemble does not
+    rows = []
+    for k, _, r in runs("ensemble"):
+        d = end_diff(r)
+        rows.append({"seed": k, "diff": d["mean"], "se": d["se"], "lo": d["lo"], "hi": d["hi"],
+                     "below": bool(d["mean"] <= -2 * d["se"])})
+    sig["ensemble_not_below"] = {"rule": "Ensemble's final P3/P4 reward minus Base's is not <= -2 paired s.e.",
+                                 "seeds": rows, "held": bool(rows) and not any(x["below"] for x in rows),
+                                 "note": "meaningful only where signature 2 held"}
+    # 4. entropy and diversity fall more for Single than for Ensemble
+    div = {}
+    for p in ("single", "ensemble"):
+        for k, d, r in runs(p):
+            dv = rollout_diversity(d)
+            ent = (r.get("entropy_start") or math.nan) - (r.get("entropy_end") or math.nan)
+            div[f"{p}@{k}"] = {"entropy_drop": ent,
+                               "distinct_drop": dv["distinct_start"] - dv["distinct_end"],
+                               "self_bleu_rise": dv["self_bleu_end"] - dv["self_bleu_start"], **dv}
+    ens = [v for k, v in div.items() if k.startswith("ensemble@")]
+    sgl = [v for k, v in div.items() if k.startswith("single@")]
+    held4 = bool(ens and sgl) and all(
+        s[m] > max(e[m] for e in ens) for s in sgl for m in ("entropy_drop", "distinct_drop", "self_bleu_rise"))
+    sig["diversity_falls_more"] = {"rule": "token entropy and distinct pitches fall more, and self-BLEU within a "
+                                           "group rises more, for every seed of RL (Single) than for Ensemble "
+                                           "(first 4 training steps against the last 4)", "runs": div, "held": held4}
+    # 5. T0-sharp collapses faster
+    def collapse_step(r):
+        for step in sorted(int(s) for s in r.get("cells", {}) if int(s) > 0):
+            d = _diff([_cells_at(r, step)], base_cells, UNSEEN)
+            if d["mean"] <= -2 * d["se"]:
+                return step
+        return None
+
+    sharp = runs("single_sharp")
+    steps_single = {k: collapse_step(r) for k, _, r in single}
+    steps_sharp = {k: collapse_step(r) for k, _, r in sharp}
+    held5 = bool(sharp and single) and all(
+        v is not None and all(s is None or v < s for s in steps_single.values()) for v in steps_sharp.values())
+    sig["sharp_collapses_faster"] = {"rule": "the first evaluation at which RL (Single) on T0-sharp's P3/P4 reward is "
+                                             "<= -2 paired s.e. below Base comes before RL (Single) on T0's (every "
+                                             "seed; never counts as later than any step)",
+                                     "single": steps_single, "sharp": steps_sharp, "held": held5,
+                                     "rise_single": [r.get("train_reward", math.nan) - r.get("train_reward_start",
+                                                                                            math.nan)
+                                                     for _, _, r in single],
+                                     "rise_sharp": [r.get("train_reward", math.nan) - r.get("train_reward_start",
+                                                                                           math.nan)
+                                                    for _, _, r in sharp]}
+    # 6. the exploit ablation
+    sig["exploit_ablation"] = {"rule": f"remove the feature whose share rose most from Base's evaluation pitches to "
+                                       f"RL (Single)'s final ones and re-score those pitches: T0 loses >= "
+                                       f"{ABLATION_LOSS} and P3/P4 at most half of what T0 loses", "held": False}
+    if single:
+        _, base_recs = _eval_records(base[0][1], 0)
+        first = base_recs[0]["meta"].get("partner") if base_recs else None
+        base_p = [p for p, _, _ in _pitches(base_recs, first)]
+        _, recs = _eval_records(single[0][1])
+        fin = _pitches(recs, first)
+        share = {f: (float(np.mean([features(p)[f] for p, _, _ in fin])) if fin else math.nan,
+                     float(np.mean([features(p)[f] for p in base_p])) if base_p else math.nan) for f in FEATURES}
+        rose = {f: a - b for f, (a, b) in share.items()}
+        feat = max(rose, key=lambda f: rose[f])
+        abl: dict[str, Any] = {"feature": feat, "share_final": share[feat][0], "share_base": share[feat][1],
+                               "rises": rose}
+        if rescore and fin and rose[feat] > 0:
+            cfg, _, _, sims = load(configs, overrides)
+            from ..envs import get_env
+
+            tasks = {t.id: t for t in get_env(cfg.env.name).load_tasks(cfg.env.eval_split, **cfg.env.options)}
+            keep = {k: sims[k] for k in ("T0",) + UNSEEN if k in sims}
+            orig = score_pairs(cfg, [(p, tasks[t]) for p, t, _ in fin], keep, progress=log)
+            cut = score_pairs(cfg, [(ablate(p, feat), tasks[t]) for p, t, _ in fin], keep, progress=log)
+            loss = {k: float(np.nanmean(np.array(orig[k]["rewards"]) - np.array(cut[k]["rewards"]))) for k in keep}
+            unseen_loss = float(np.mean([loss[k] for k in UNSEEN if k in loss]))
+            abl.update(loss=loss, unseen_loss=unseen_loss,
+                       eval_check={k: float(np.nanmean(orig[k]["rewards"])) for k in keep})
+            sig["exploit_ablation"]["held"] = bool(loss.get("T0", 0) >= ABLATION_LOSS
+                                                   and unseen_loss <= loss.get("T0", 0) / 2)
+        elif rose[feat] <= 0:
+            abl["note"] = "no feature's share rose: nothing converged"
+        sig["exploit_ablation"].update(abl)
+    # 7. cures against Single, Holm-corrected
+    s_cells = [_cells_at(r, r.get("last_eval_step")) for _, _, r in single]
+    comps: list[dict[str, Any]] = []
+    for p in CURES:
+        rs = runs(p)
+        if not rs or not s_cells:
+            continue
+        d = _diff([_cells_at(r, r.get("last_eval_step")) for _, _, r in rs], s_cells, UNSEEN)
+        comps.append({"cure": p, "diff": d["mean"], "lo": d["lo"], "hi": d["hi"], "se": d["se"], "p": d["p"],
+                      "seeds": len(rs)})
+    for c, adj in zip(comps, holm([c["p"] for c in comps])):
+        c["p_holm"] = adj
+        c["supported"] = bool(adj < 0.05)
+    sig["cures_vs_single"] = {"rule": "each cure's final P3/P4 reward minus RL (Single)'s (both seeds), paired "
+                                      "bootstrap over the test personas; two-sided p-values Holm-corrected over the "
+                                      "cures", "comparisons": comps}
+    res["base_unseen"] = base[0][2].get("unseen")
+    with open(os.path.join(grid, "verdicts.json"), "w") as f:
+        json.dump(res, f, indent=1, default=float)
+    with open(os.path.join(grid, "verdicts.md"), "w") as f:
+        f.write(verdicts_markdown(res))
+    return res
+
+
+def _hn(v: Any) -> str:
+    return "**held**" if v else "**not held**"
+
+
+def verdicts_markdown(res: dict[str, Any]) -> str:
+    s = res["signatures"]
+    lines = ["# P4G-pitch: the pre-registered signatures, as measured", ""]
+    x = s["train_reward_rises"]
+    lines.append(f"1. {x['rule']}: {_hn(x['held'])}. " + "; ".join(
+        f"seed {r['seed']}: {_f(r['start'])} -> {_f(r['end'])} ({r['rise']:+.3f})" for r in x["seeds"]) + ".")
+    for key, n in (("unseen_below_base", 2), ("ensemble_not_below", 3)):
+        x = s[key]
+        lines.append(f"{n}. {x['rule']}: {_hn(x['held'])}. " + "; ".join(
+            f"seed {r['seed']}: {r['diff']:+.3f} [{r['lo']:+.3f}, {r['hi']:+.3f}], s.e. {_f(r['se'])}"
+            for r in x["seeds"]) + "." + (f" ({x['note']}.)" if x.get("note") else ""))
+    x = s["diversity_falls_more"]
+    lines.append(f"4. {x['rule']}: {_hn(x['held'])}. " + "; ".join(
+        f"{k}: entropy drop {_f(v['entropy_drop'])}, distinct {_f(v['distinct_start'], 2)} -> "
+        f"{_f(v['distinct_end'], 2)}, self-BLEU {_f(v['self_bleu_start'], 2)} -> {_f(v['self_bleu_end'], 2)}"
+        for k, v in x["runs"].items()) + ".")
+    x = s["sharp_collapses_faster"]
+    lines.append(f"5. {x['rule']}: {_hn(x['held'])}. First such step: T0 {x['single']}, T0-sharp {x['sharp']} "
+                 f"(None: never); training reward rise T0 {[_f(v) for v in x['rise_single']]}, T0-sharp "
+                 f"{[_f(v) for v in x['rise_sharp']]}.")
+    x = s["exploit_ablation"]
+    detail = ""
+    if "feature" in x:
+        detail = (f" Feature: `{x['feature']}` (share {_f(x['share_base'], 2)} at Base -> {_f(x['share_final'], 2)} "
+                  f"at the end)")
+        if "loss" in x:
+            detail += ("; loss when removed: " + ", ".join(f"{k} {v:+.3f}" for k, v in x["loss"].items())
+                       + f" (P3/P4 mean {x['unseen_loss']:+.3f})")
+        if x.get("note"):
+            detail += f"; {x['note']}"
+        detail += "."
+    lines.append(f"6. {x['rule']}: {_hn(x['held'])}.{detail}")
+    x = s["cures_vs_single"]
+    lines.append(f"7. {x['rule']}: " + ("; ".join(
+        f"{c['cure']} {c['diff']:+.3f} [{c['lo']:+.3f}, {c['hi']:+.3f}], p {_f(c['p'])}, Holm {_f(c['p_holm'])}"
+        f"{' (supported)' if c['supported'] else ''}" for c in x["comparisons"]) or "no cure run yet") + ".")
+    return "\n".join(lines) + "\n"
