@@ -18,6 +18,7 @@ from typing import Any, Sequence
 
 import torch
 
+from .memory import MMAP_THRESHOLD, pin_mmap_threshold, release_free_memory  # noqa: F401 - re-exported
 from .models.local import LocalBackend, clone_frozen
 from .types import Episode, Trace
 
@@ -80,6 +81,44 @@ def token_logprobs(head, h: torch.Tensor, targets: torch.Tensor, temperature: fl
     with torch.no_grad():
         ent = -(logp_all.exp() * logp_all).sum(-1)
     return logp_all.gather(-1, targets[:, None])[:, 0], ent
+
+
+# ---- the loss -----------------------------------------------------------------------------------
+@dataclass
+class LossTerms:
+    """Per trained token: the loss and its parts (``grpo_loss``'s output)."""
+
+    loss: torch.Tensor      # pg + kl_coef * kl
+    pg: torch.Tensor        # the clipped policy-gradient term
+    kl: torch.Tensor        # the k3 estimate of KL(policy || reference); 0 without a reference
+    ratio: torch.Tensor     # exp(logp - old_logp)
+    clipped: torch.Tensor   # where the clip took the gradient away (bool)
+
+
+def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, ref_logp: torch.Tensor | None,
+              eps_low: float, eps_high: float, kl_coef: float) -> LossTerms:
+    """The per-token GRPO loss, a pure function of tensors of the trained tokens.
+
+    - Clipped surrogate (PPO, Schulman et al. 2017): ``pg = -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)``
+      with ``r = exp(logp - old_logp)``, the ratio to the log-probs the rollout sampled with; the asymmetric
+      clip (``eps_high`` > ``eps_low``) is DAPO's "clip-higher" (Yu et al. 2025).
+    - KL to the reference (GRPO, Shao et al. 2024, with Schulman's k3 estimator):
+      ``kl = exp(ref - logp) - (ref - logp) - 1``, non-negative and unbiased for KL(policy || reference).
+    - ``A`` is the trajectory's group-relative advantage, the same on every token of it.
+
+    The caller averages ``loss`` over the minibatch's trained tokens. ``clipped`` marks the tokens whose
+    gradient the clip removed (ratio past its bound on the side the advantage pushes)."""
+    ratio = torch.exp(logp - old_logp)
+    pg = -torch.minimum(ratio * adv, ratio.clamp(1 - eps_low, 1 + eps_high) * adv)
+    kl = torch.zeros_like(pg)
+    loss = pg
+    if ref_logp is not None:
+        d = ref_logp - logp
+        kl = torch.exp(d) - d - 1
+        loss = pg + kl_coef * kl
+    with torch.no_grad():
+        clipped = ((ratio < 1 - eps_low) & (adv < 0)) | ((ratio > 1 + eps_high) & (adv > 0))
+    return LossTerms(loss=loss, pg=pg, kl=kl, ratio=ratio, clipped=clipped)
 
 
 # ---- advantages -------------------------------------------------------------------------------
@@ -325,28 +364,16 @@ class Learner:
         # the adapter stays active through backward: switching adapters changes which weights require grad
         with self.backend.using(self.adapter):
             logp, entropy = self.module(ids, att, sel)
-            ratio = torch.exp(logp - old)
-            pg1 = ratio * adv
-            pg2 = ratio.clamp(1 - cfg.eps_low, 1 + cfg.eps_high) * adv
-            pg = -torch.minimum(pg1, pg2)
-            loss_tok = pg
-            kl = torch.zeros_like(pg)
-            if ref_logp is not None:
-                d = ref_logp - logp
-                kl = torch.exp(d) - d - 1
-                loss_tok = pg + cfg.kl_coef * kl
-            loss = loss_tok.sum() / n_tok_total
+            t = grpo_loss(logp, old, adv, ref_logp, cfg.eps_low, cfg.eps_high, cfg.kl_coef)
+            loss = t.loss.sum() / n_tok_total
             if self.world != 1 or weight != 1.0:
                 loss = loss * (self.world * weight)
             loss.backward()
         if not weight:
             return {}
-        with torch.no_grad():
-            clipped = ((ratio < 1 - cfg.eps_low) & (adv < 0)) | ((ratio > 1 + cfg.eps_high) & (adv > 0))
-        loss_tok, pg, kl = loss_tok.detach(), pg.detach(), kl.detach()
-        return {"sum_loss": float(loss_tok.sum()), "sum_pg_loss": float(pg.sum()), "sum_kl": float(kl.sum()),
-                "sum_entropy": float(entropy.sum()), "sum_clip_frac": float(clipped.float().sum()),
-                "sum_ratio": float(ratio.detach().sum())}
+        return {"sum_loss": float(t.loss.detach().sum()), "sum_pg_loss": float(t.pg.detach().sum()),
+                "sum_kl": float(t.kl.detach().sum()), "sum_entropy": float(entropy.sum()),
+                "sum_clip_frac": float(t.clipped.float().sum()), "sum_ratio": float(t.ratio.detach().sum())}
 
     # -- state --
     def state_dict(self) -> dict[str, Any]:
@@ -395,52 +422,3 @@ class Learner:
             dcp.load(st, checkpoint_id=path, process_group=g, no_dist=g is None)
         set_state_dict(self.module, self.optimizer, model_state_dict=st["model"], optim_state_dict=st["optim"],
                        options=StateDictOptions(ignore_frozen_params=True, strict=False))
-
-
-def release_free_memory() -> None:
-    """Hand freed heap pages back to the OS (glibc ``malloc_trim``), before and after each update. The
-    large, differently shaped buffers of a rollout or an update otherwise stay resident, and the next
-    update stacks on top of them."""
-    global _TRIM
-    if _TRIM is None:
-        try:
-            import ctypes
-
-            _TRIM = ctypes.CDLL("libc.so.6").malloc_trim
-        except (OSError, AttributeError):
-            _TRIM = False
-    if _TRIM:
-        _TRIM(0)
-
-
-_TRIM: Any = None  # libc's malloc_trim, or False where there is none
-
-MMAP_THRESHOLD = 128 * 1024
-"""Blocks from this size up get their own mapping, returned to the OS when freed (glibc's starting value)."""
-
-
-def pin_mmap_threshold(nbytes: int = MMAP_THRESHOLD) -> bool:
-    """Fix glibc's mmap threshold (``mallopt(M_MMAP_THRESHOLD)``), which also turns off its dynamic growth.
-
-    By default glibc raises the threshold to the size of each large block freed, up to 32 MB: after the
-    first updates, activation buffers of a few MB come from the heap instead of their own mappings, and
-    during an update freed blocks of one shape are not reused for the next shapes. The update's peak then
-    grows step after step, most when two adapters alternate (Co-Training, a population): measured on
-    SmolLM2 with alternating agent and partner updates of the same batch (the agent update's transient
-    2.3 GB, then 2.6, 2.9, 3.2 GB once the partner had trained; with the threshold fixed, 1.35-1.42 GB).
-    The cost is time: every large buffer is a fresh mapping whose pages fault in, and the same updates
-    took about 1.5x as long (``benchmarks/alternating_updates.py``); ``SCOPE_PIN_MMAP=0`` keeps glibc's
-    default where memory is plentiful. Idempotent; False where the C library has no ``mallopt``."""
-    global _PINNED
-    if _PINNED is None:
-        try:
-            import ctypes
-
-            _PINNED = bool(ctypes.CDLL("libc.so.6").mallopt(-3, int(nbytes)))  # -3: M_MMAP_THRESHOLD
-        except (OSError, AttributeError):
-            _PINNED = False
-    return _PINNED
-
-
-_PINNED: bool | None = None
-

@@ -172,3 +172,24 @@ def test_learner_climbs_on_a_token_preference(tmp_path, finetune, lr):
     r = [m["reward_mean"] for m in read_metrics(str(tmp_path / "run"))]
     assert len(r) == 12
     assert sum(r[-3:]) / 3 > sum(r[:3]) / 3 + 0.15, r
+
+
+def test_grpo_loss_is_the_clipped_surrogate_plus_k3_kl():
+    import math
+
+    from scope.learner import grpo_loss
+
+    old = torch.zeros(4)
+    logp = torch.tensor([0.0, math.log(1.5), math.log(0.5), math.log(1.1)], requires_grad=True)
+    adv = torch.tensor([1.0, 1.0, -1.0, 1.0])
+    ref = torch.tensor([0.0, 0.0, 0.0, math.log(1.1) + 0.5])
+    t = grpo_loss(logp, old, adv, ref, eps_low=0.2, eps_high=0.28, kl_coef=0.1)
+    assert t.pg.tolist() == pytest.approx([-1.0, -1.28, 0.8, -1.1])       # clip-higher at 1.28, clip-low at 0.8
+    assert t.clipped.tolist() == [False, True, True, False]
+    k3 = lambda d: math.exp(d) - d - 1  # noqa: E731
+    assert t.kl.tolist() == pytest.approx([0.0, k3(-math.log(1.5)), k3(-math.log(0.5)), k3(0.5)])
+    assert t.loss.tolist() == pytest.approx((t.pg + 0.1 * t.kl).tolist())
+    t.pg.sum().backward()
+    g = logp.grad.tolist()
+    assert g[1] == 0.0 and g[2] == 0.0 and g[0] == pytest.approx(-1.0) and g[3] == pytest.approx(-1.1)
+    assert grpo_loss(logp.detach(), old, adv, None, 0.2, 0.28, 0.1).kl.abs().sum() == 0
