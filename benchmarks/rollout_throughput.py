@@ -32,7 +32,7 @@ def jobs(refs, n, turns, offset=0):
     for i in range(offset, offset + n):
         t = tasks[i % len(tasks)]
         out.append(Job(env=env_cls(t, random.Random(i), max_turns=turns), episode=Episode(t.id, str(i), 0),
-                       refs=dict(refs), uid=i))
+                       bindings=dict(refs), uid=i))
     return out
 
 

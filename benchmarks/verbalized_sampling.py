@@ -29,7 +29,7 @@ def run(refs, n, turns):
     env_cls = get_env("p4g")
     tasks = env_cls.load_tasks("train")
     jobs = [Job(env=env_cls(tasks[i % len(tasks)], random.Random(i), max_turns=turns),
-                episode=Episode(tasks[i % len(tasks)].id, str(i), 0), refs=dict(refs), uid=i) for i in range(n)]
+                episode=Episode(tasks[i % len(tasks)].id, str(i), 0), bindings=dict(refs), uid=i) for i in range(n)]
     t = time.time()
     eps, st = run_rollouts(jobs, end_on_truncation=False)
     return time.time() - t, eps, st

@@ -194,7 +194,7 @@ def _swap_binding(b, name_of):
 
 
 def _swap_job(j: Job, name_of) -> Job:
-    return Job(env=j.env, episode=j.episode, refs={r: _swap_binding(b, name_of) for r, b in j.refs.items()},
+    return Job(env=j.env, episode=j.episode, bindings={r: _swap_binding(b, name_of) for r, b in j.bindings.items()},
                uid=j.uid)
 
 
@@ -254,7 +254,7 @@ class RolloutWorker:
     def run(self, send: dict, live: dict, jobs: list[Job], kw: dict):
         self._sync(send, live)
         for j in jobs:
-            j.refs = {r: _swap_binding(b, self._ref) for r, b in j.refs.items()}
+            j.bindings = {r: _swap_binding(b, self._ref) for r, b in j.bindings.items()}
         if kw.get("judge") is not None:
             kw = dict(kw, judge=_swap_binding(kw["judge"], self._ref))
         eps, stats = run_rollouts(jobs, **kw)

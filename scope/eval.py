@@ -163,7 +163,7 @@ def panel_jobs(agent: Binding, panel: Panel, refs: dict[str, Any], env_name: str
                              note=(b.note + "\n" if b.note else "") + per["text"])
                 ep.meta["sim_persona"] = per["id"]
             jobs.append(Job(env=env_cls(task, random.Random(rng.random()), **opts), episode=ep,
-                            refs={"agent": agent, "partner": bi}, uid=uid))
+                            bindings={"agent": agent, "partner": bi}, uid=uid))
             owner.append(p)
             uid += 1
     return jobs, owner
@@ -187,7 +187,7 @@ def evaluate(agent: Binding, panel: Panel, refs: dict[str, Any], env_name: str, 
                                             max_new_tokens=agent.sampling.max_new_tokens, stop=agent.sampling.stop))
     env_options = get_env(env_name).eval_options(env_options)  # e.g. tau2 trained on simulated tools: the exact ones
     jobs, owner = panel_jobs(agent, panel, refs, env_name, env_options, split, seed)
-    used = [agent.ref] + [j.refs["partner"].ref for j in jobs] + ([judge.ref] if judge else [])
+    used = [agent.ref] + [j.bindings["partner"].ref for j in jobs] + ([judge.ref] if judge else [])
     with fixed_sampling(used, seed):
         if panel.paired:
             episodes = _paired(jobs, owner, panel, max_context, end_on_truncation, judge)
@@ -237,8 +237,8 @@ def _paired(jobs: list[Job], owner: list[PanelEntry], panel: Panel, max_context:
     rest = [i for i in range(len(jobs)) if i not in set(first)]
     for i in rest:
         j = jobs[i]
-        j.refs = dict(j.refs, agent=Binding("replay", ReplayRef(turns.get((j.episode.task_id, j.episode.copy), [])),
-                                            j.refs["agent"].sampling))
+        said = turns.get((j.episode.task_id, j.episode.copy), [])
+        j.bindings = dict(j.bindings, agent=Binding("replay", ReplayRef(said), j.bindings["agent"].sampling))
     replayed, _ = run_rollouts([jobs[i] for i in rest], max_context=max_context, end_on_truncation=end_on_truncation,
                                judge=judge)
     out: list[Episode | None] = [None] * len(jobs)
@@ -399,7 +399,7 @@ class ProbeStates:
             for j in range(samples):
                 jobs.append(Job(env=env_cls(tasks[st["task_id"]], random.Random(rng.random()), **env_options),
                                 episode=Episode(st["task_id"], f"probe:{k}", j),
-                                refs={"agent": Binding("replay", ReplayRef([st["agent_turn"]]), agent_sampling),
+                                bindings={"agent": Binding("replay", ReplayRef([st["agent_turn"]]), agent_sampling),
                                       "partner": partners[(k * samples + j) % len(partners)]},
                                 uid=40_000_000 + k * samples + j))
                 owner.append(k)
@@ -441,7 +441,7 @@ def nested_variance(episodes: list[Episode], tasks: dict[str, Any], agent_sampli
         for j in range(resamples):
             nested.append(Job(env=env_cls(tasks[e.task_id], random.Random(rng.random()), **opts),
                               episode=Episode(e.task_id, f"nest:{k}", j),
-                              refs={"agent": Binding("replay", ReplayRef(turns), agent_sampling),
+                              bindings={"agent": Binding("replay", ReplayRef(turns), agent_sampling),
                                     "partner": partner_of(e)},
                               uid=30_000_000 + k * resamples + j))
             owners.append(k)
@@ -474,7 +474,7 @@ def diagnose(agent: Binding, partner: Binding, env_name: str, env_options: dict,
     for ti, task in enumerate(tasks):
         for g in range(group):
             jobs.append(Job(env=env_cls(task, random.Random(rng.random()), **env_options),
-                            episode=Episode(task.id, f"diag:{ti}", g), refs={"agent": agent, "partner": partner},
+                            episode=Episode(task.id, f"diag:{ti}", g), bindings={"agent": agent, "partner": partner},
                             uid=20_000_000 + ti * group + g))
     first, _ = run_rollouts(jobs, end_on_truncation=end_on_truncation)
     classify = classifier_of(env_name) or (lambda t: "other")

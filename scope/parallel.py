@@ -380,6 +380,12 @@ class RemoteLearner:
     def state_dict(self) -> dict[str, Any]:
         return {"version": self.backend.versions.get(self.adapter, 0)}  # (the optimizer is in dist_<owner>/)
 
+    def save_dcp(self, path: str) -> None:
+        """(The ranks of the group write the training state: ``save_all``, from the checkpoint's hook.)"""
+
+    def load_dcp(self, path: str) -> None:
+        """(The ranks of the group read it: ``load_all``, after the checkpoint is loaded.)"""
+
     def load_state_dict(self, sd: dict[str, Any]) -> None:
         self.backend.versions[self.adapter] = sd["version"]
 

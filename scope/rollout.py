@@ -22,17 +22,18 @@ from typing import Any, Callable
 
 from .envs.base import Env
 from .partners import vs as vs_mod
+from .contracts import is_chat, token_model
 from .partners.binding import Binding
 from .types import Completion, Episode, Readout, SamplingParams, Trace
 
 
 @dataclass
 class Job:
-    """One episode to run: its env, its record and the ModelRef of each role."""
+    """One episode to run: its env, its record and the Binding of each role (who plays it, how)."""
 
     env: Env
     episode: Episode
-    refs: dict[str, Any]
+    bindings: dict[str, Binding]
     uid: int = 0
 
 
@@ -122,20 +123,20 @@ def _sp_key(sp: SamplingParams) -> tuple:
 def run_rollouts(jobs: list[Job], sampling: dict[str, SamplingParams] | None = None, max_context: int = 4096,
                  end_on_truncation: bool = True, progress: Callable[[str], None] | None = None,
                  judge: Binding | None = None) -> tuple[list[Episode], RolloutStats]:
-    """Run every job to its end. ``Job.refs[role]`` is a Binding (or a bare model ref, then sampled with
+    """Run every job to its end. ``Job.bindings[role]`` is a Binding (or a bare model ref, then sampled with
     ``sampling[role]``). ``judge`` answers the environments' judge requests (all in one batched call)
     before the rewards are computed. Returns the episodes and throughput statistics."""
     stats = RolloutStats()
     t0 = time.time()
     for j in jobs:
-        j.refs = {r: _as_binding(r, x, sampling) for r, x in j.refs.items()}
+        j.bindings = {r: _as_binding(r, x, sampling) for r, x in j.bindings.items()}
         for r in j.env.roles:
             j.episode.traces.setdefault(r, Trace(role=r))
-        for r, b in j.refs.items():
+        for r, b in j.bindings.items():
             if b.note:
                 j.env.add_note(r, b.note)
-        j.episode.meta.setdefault("partner", j.refs["partner"].id if "partner" in j.refs else None)
-        j.episode.meta.setdefault("models", {r: b.id for r, b in j.refs.items()})
+        j.episode.meta.setdefault("partner", j.bindings["partner"].id if "partner" in j.bindings else None)
+        j.episode.meta.setdefault("models", {r: b.id for r, b in j.bindings.items()})
     live = [j for j in jobs if not j.env.done]
     while live:
         stats.rounds += 1
@@ -147,8 +148,8 @@ def run_rollouts(jobs: list[Job], sampling: dict[str, SamplingParams] | None = N
                 continue
             reqs = []
             for role in roles:
-                b = j.refs[role]
-                mode = "vs" if b.vs is not None else ("chat" if getattr(b.ref, "chat", False) else "tokens")
+                b = j.bindings[role]
+                mode = "vs" if b.vs is not None else ("chat" if is_chat(b.ref) else "tokens")
                 req = _Req(j, role, b, mode)
                 try:
                     req.readout = j.env.reply_readout(role)
@@ -160,8 +161,9 @@ def run_rollouts(jobs: list[Job], sampling: dict[str, SamplingParams] | None = N
                         req.mode = mode = "readout"
                     req.prefix = j.env.reply_prefix(role)
                     if mode in ("tokens", "readout"):
-                        req.prompt = prepare_turn(j.episode.traces[role], b.ref.tokenizer, j.env.views[role],
-                                                  req.prefix, limit=max_context - b.sampling.max_new_tokens)
+                        tok = token_model(b.ref).tokenizer
+                        req.prompt = prepare_turn(j.episode.traces[role], tok, j.env.views[role], req.prefix,
+                                                  limit=max_context - b.sampling.max_new_tokens)
                 except Exception as e:  # a broken template or env: this episode fails, the others go on
                     _fail(j, e)
                     break
@@ -208,7 +210,7 @@ def run_rollouts(jobs: list[Job], sampling: dict[str, SamplingParams] | None = N
     episodes = []
     for j in jobs:
         ep = j.episode
-        for r, b in j.refs.items():
+        for r, b in j.bindings.items():
             b.ref.drop_sessions([(j.uid, r), (j.uid, r, "text")])
         if ep.status != "failed":
             ep.status = j.env.end_reason or "done"
@@ -216,9 +218,9 @@ def run_rollouts(jobs: list[Job], sampling: dict[str, SamplingParams] | None = N
                 ep.rewards = {k: float(v) for k, v in j.env.rewards().items()}
             except Exception as e:
                 _fail(j, e)
-            for r, b in j.refs.items():
-                if hasattr(b.ref, "tokenizer"):
-                    close_trace(ep.traces[r], b.ref.tokenizer, j.env.views[r], limit=max_context)
+            for r, b in j.bindings.items():
+                if not is_chat(b.ref):
+                    close_trace(ep.traces[r], token_model(b.ref).tokenizer, j.env.views[r], limit=max_context)
         ep.messages = j.env.transcript
         ep.meta.update(j.env.meta)
         ep.meta["turns"] = dict(j.env.turns)
@@ -247,12 +249,21 @@ def _count(stats: RolloutStats, model_id: str, n: int) -> None:
     stats.per_model[model_id] = stats.per_model.get(model_id, 0) + n
 
 
+def _prompts(items: list[_Req]) -> list[list[int]]:
+    """The token prompts of requests to a local model (every one was prepared; a prompt too long ended its
+    episode before it got here)."""
+    out = [r.prompt for r in items]
+    if any(p is None for p in out):
+        raise ValueError("a request to a local model without its token prompt")
+    return [p for p in out if p is not None]
+
+
 def _run_token_requests(items: list[_Req], stats: RolloutStats) -> None:
     """Local model, plain decoding: extend each role's token buffer with exactly what was sampled."""
     b = items[0].binding
+    tm = token_model(b.ref)
     try:
-        outs = b.ref.generate([r.prompt for r in items], b.sampling,
-                              sessions=[(r.job.uid, r.role) for r in items])
+        outs = tm.generate(_prompts(items), b.sampling, sessions=[(r.job.uid, r.role) for r in items])
     except Exception as e:  # the model call failed for all of them
         for r in items:
             r.error = e
@@ -264,7 +275,7 @@ def _run_token_requests(items: list[_Req], stats: RolloutStats) -> None:
             continue
         _count(stats, c.model_id, len(c.token_ids))
         try:
-            r.text = r.prefix + record_reply(r.job.episode.traces[r.role], b.ref.tokenizer, c, b.ref.eos_id)
+            r.text = r.prefix + record_reply(r.job.episode.traces[r.role], tm.tokenizer, c, tm.eos_id)
             r.finish_reason = c.finish_reason
         except Exception as e:
             r.error = e
@@ -276,8 +287,9 @@ def _run_readout_requests(items: list[_Req], stats: RolloutStats) -> None:
     b = items[0].binding
     readout = items[0].readout
     assert readout is not None
+    tm = token_model(b.ref)
     try:
-        outs = b.ref.readout([r.prompt for r in items], b.sampling, readout)
+        outs = tm.readout(_prompts(items), b.sampling, readout)
     except Exception as e:  # the model call failed for all of them
         for r in items:
             r.error = e
@@ -287,7 +299,7 @@ def _run_readout_requests(items: list[_Req], stats: RolloutStats) -> None:
         c = res.completion
         _count(stats, c.model_id, len(c.token_ids))
         try:
-            r.text = r.prefix + record_reply(r.job.episode.traces[r.role], b.ref.tokenizer, c, b.ref.eos_id)
+            r.text = r.prefix + record_reply(r.job.episode.traces[r.role], tm.tokenizer, c, tm.eos_id)
             r.finish_reason, r.dist = c.finish_reason, res.dist
         except Exception as e:
             r.error = e
@@ -363,7 +375,7 @@ def _run_vs_requests(items: list[_Req], stats: RolloutStats, start: str, session
                                start=start)
     rf = ({"type": "json_schema", "json_schema": vs_mod.json_schema(cfg.k, cfg.method)}
           if getattr(b.ref, "json_schema", False) else None)
-    local = not getattr(b.ref, "chat", False)
+    local = not is_chat(b.ref)
     # a local model gets the opening of the JSON object and stops once the list is closed
     prefix = vs_mod.JSON_PREFIX + vs_mod.json_start(start) if local else ""
     # ... and stops early once it has k complete candidates, or when one candidate runs on far longer

@@ -202,6 +202,8 @@ class Checkpointer:
         tmp = final + ".tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(tmp)
+        from .partners.pool import PoolSource
+
         for role, learner in learners.items():
             save_weights(learner.backend, learner.adapter, os.path.join(tmp, role))
         state = {
@@ -216,7 +218,7 @@ class Checkpointer:
             "sources": {r: s.state_dict() for r, s in (sources or {}).items()},
         }
         for r, src in (sources or {}).items():
-            if hasattr(src, "save"):  # a pool: its member adapters, in order
+            if isinstance(src, PoolSource):  # its member adapters, in order
                 src.save(os.path.join(tmp, f"pool_{r}"))
         torch.save(state, os.path.join(tmp, "state.pt"))
         with open(os.path.join(tmp, "config.yaml"), "w") as f:
@@ -225,8 +227,7 @@ class Checkpointer:
             before_publish(tmp)
         else:
             for role, learner in learners.items():
-                if hasattr(learner, "save_dcp"):
-                    learner.save_dcp(os.path.join(tmp, f"dist_{role}"))
+                learner.save_dcp(os.path.join(tmp, f"dist_{role}"))
         publish_dir(tmp, final)
         for old in self.list()[:-self.cfg.run.keep_checkpoints]:
             shutil.rmtree(os.path.join(self.root, old), ignore_errors=True)
@@ -259,7 +260,7 @@ class Checkpointer:
                 learner.backend.model.load_state_dict(loaded.state_dict())
             learner.load_state_dict(state["learners"][role])
             d = os.path.join(path, f"dist_{role}")
-            if hasattr(learner, "load_dcp") and os.path.isdir(d):  # the training state of any world size
+            if os.path.isdir(d):  # the training state, written at any world size
                 learner.load_dcp(d)
         sampler.load_state_dict(state["sampler"])
         env_rng.setstate(state["env_rng"])
@@ -269,10 +270,12 @@ class Checkpointer:
         for k, b in backends.items():
             if k in state["generators"]:
                 b.generator.set_state(state["generators"][k])
+        from .partners.pool import PoolSource
+
         for r, src in (sources or {}).items():
             if r not in state.get("sources", {}):
                 continue
-            if hasattr(src, "load"):
+            if isinstance(src, PoolSource):
                 src.load(os.path.join(path, f"pool_{r}"), state["sources"][r])
             else:
                 src.load_state_dict(state["sources"][r])

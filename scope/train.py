@@ -25,6 +25,7 @@ import torch
 from .config import Config, ConfigError
 from .envs import get_env
 from .learner import Learner, LearnerConfig, group_advantages
+from .partners.pool import PoolSource
 from .partners.rewards import apply_partner_reward, baseline_of
 from .diagnostics import behaviour_stats, classifier_of, group_similarity
 from .distributed import make_rollout, scale_metrics
@@ -74,7 +75,7 @@ def make_jobs(cfg: Config, tasks: list[Task], sources: dict, step: int, env_rng:
             env = env_cls(task, random.Random(env_rng.random()), **cfg.env.options)
             ep = Episode(task_id=task.id, group_id=gid, copy=g)
             bindings = {role: src.assign(task, ti, g) for role, src in sources.items()}
-            jobs.append(Job(env=env, episode=ep, refs=bindings, uid=uid))
+            jobs.append(Job(env=env, episode=ep, bindings=bindings, uid=uid))
             uid += 1
     return jobs
 
@@ -151,7 +152,7 @@ def _train(cfg: Config, tasks: list[Task], resume: bool, on_step_end, log, confi
         def save_hook(tmp: str) -> None:
             job.broadcast(("save", tmp))
             parallel.save_all(job, local, owners, tmp)
-    pools = {r: s for r, s in sources.items() if hasattr(s, "maybe_snapshot")}
+    pools = {r: s for r, s in sources.items() if isinstance(s, PoolSource)}
     rollout = make_rollout(cfg, backends)  # in this process, or in Ray workers
     sampler = TaskSampler(tasks, cfg.run.seed)
     env_rng = random.Random(cfg.run.seed + 1)
@@ -237,7 +238,7 @@ class PanelEval:
         models = dict(cfg.models)
         models.update(self.panel.models)
         self.refs = frozen_refs(models, backends, cfg.run.seed)
-        self.agent = spec_binding(cfg.agent, agent_ref)
+        self.agent, self.agent_ref = spec_binding(cfg.agent, agent_ref), agent_ref
         self.sharing = run_sharing(cfg, self.panel)
         recover_dir(run.file("best"))  # a crash while best/ was being replaced
         self.best_path = run.file("best", "best.json")
@@ -258,7 +259,7 @@ class PanelEval:
         score = res["seen_mean"] if c.eval.select_on == "seen" else res["panel_mean"]
         if not math.isnan(score) and score > self.best:
             self.best = score
-            ref = self.agent.ref
+            ref = self.agent_ref
             tmp = self.rundir.file("best.tmp")
             shutil.rmtree(tmp, ignore_errors=True)
             save_weights(ref.backend, ref.adapter, tmp)
@@ -354,7 +355,7 @@ class PartnerProbe:
             else:
                 self.states = ProbeStates.from_episodes(episodes, d.probe_states)
                 self.states.save(self.path)
-        out = self.states.measure(self.tasks, [j.refs["partner"] for j in jobs], jobs[0].refs["agent"].sampling,
+        out = self.states.measure(self.tasks, [j.bindings["partner"] for j in jobs], jobs[0].bindings["agent"].sampling,
                                   self.cfg.env.name, self.cfg.env.options, d.probe_samples, self.classify,
                                   seed=self.cfg.run.seed * 7919 + step, max_context=self.cfg.rollout.max_context)
         return {f"partner_behaviour/{k}": v for k, v in out.items()}
@@ -368,7 +369,7 @@ def decompose(cfg: Config, jobs: list[Job], episodes: list[Episode], rng: random
     from .eval import fixed_sampling, nested_variance
 
     d = cfg.diagnostics
-    binding = {id(j.episode): j.refs["partner"] for j in jobs}
+    binding = {id(j.episode): j.bindings["partner"] for j in jobs}
     tasks = {j.episode.task_id: j.env.task for j in jobs}
     groups: dict[str, list[Episode]] = {}
     for e in episodes:
@@ -376,7 +377,7 @@ def decompose(cfg: Config, jobs: list[Job], episodes: list[Episode], rng: random
             groups.setdefault(e.group_id, []).append(e)
     firsts = [e for g in list(groups.values())[:d.decompose_tasks] for e in g[:d.decompose_samples]]
     with fixed_sampling([binding[id(e)].ref for e in firsts], rng.randrange(2**31)):
-        v = nested_variance(firsts, tasks, jobs[0].refs["agent"].sampling, lambda e: binding[id(e)], cfg.env.name,
+        v = nested_variance(firsts, tasks, jobs[0].bindings["agent"].sampling, lambda e: binding[id(e)], cfg.env.name,
                             cfg.env.options, d.decompose_resamples, random.Random(rng.random()),
                             max_context=cfg.rollout.max_context, classify=classify,
                             end_on_truncation=cfg.rollout.end_on_truncation)

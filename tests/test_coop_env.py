@@ -160,7 +160,7 @@ def test_the_tiny_model_through_the_rollout_engine():
     sp = {r: SamplingParams(temperature=1.0, max_new_tokens=12) for r in refs}
     cls = get_env("coop_coding")
     tasks = cls.load_tasks("test")[:2]
-    jobs = [Job(env=cls(t, random.Random(i), max_turns=2), episode=Episode(t.id, str(i), 0), refs=dict(refs), uid=i)
+    jobs = [Job(env=cls(t, random.Random(i), max_turns=2), episode=Episode(t.id, str(i), 0), bindings=dict(refs), uid=i)
             for i, t in enumerate(tasks)]
     eps, st = run_rollouts(jobs, sp, max_context=4096, end_on_truncation=False)
     assert st.rounds == 2  # both coders reply in each round: 2 turns each in 2 rounds (taking turns: 4)

@@ -177,7 +177,7 @@ def vs_job(smol_tokenizer, partner_ref, vs_cfg, uid=0):
     task = env_cls.load_tasks("train")[0]
     agent = ScriptedRef(smol_tokenizer, ["Please donate."], "agent")
     return Job(env=env_cls(task, random.Random(uid), max_turns=1), episode=Episode(task.id, "g", 0),
-               refs={"agent": Binding("agent", agent, SP),
+               bindings={"agent": Binding("agent", agent, SP),
                      "partner": Binding("vs", partner_ref, SP, vs=VSConfig(**vs_cfg))}, uid=uid)
 
 

@@ -198,7 +198,7 @@ def test_scope_eval_puts_evolved_persona_simulators_on_a_panel(tmp_path):
     panel = Panel.model_validate({"partners": [{"model": "m", "id": "evolved", "personas": str(f)}], "episodes": 4})
     agent = Binding(id="a", ref=object(), sampling=SamplingParams())
     jobs, _ = panel_jobs(agent, panel, {"m": object()}, "p4g", {"personas": "builtin"}, "test", 0)
-    notes = [j.refs["partner"].note for j in jobs]
+    notes = [j.bindings["partner"].note for j in jobs]
     assert notes == ["PERSONA-ONE", "PERSONA-TWO", "PERSONA-ONE", "PERSONA-TWO"]
     assert [j.episode.meta["sim_persona"] for j in jobs] == ["p1", "p2", "p1", "p2"]
 

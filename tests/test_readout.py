@@ -131,7 +131,7 @@ def test_a_pitch_episode_rewards_the_expectation_and_records_the_persuadees_draw
     partner = Binding("partner", ref, SamplingParams(temperature=0.7, max_new_tokens=4))
     tasks = [Task(f"t{i}", "train", dict(PERSONA, age=30 + i)) for i in range(3)]
     jobs = [Job(env=P4GPitch(t, random.Random(i)), episode=Episode(t.id, f"g{i}", 0),
-                refs={"agent": agent, "partner": partner}, uid=i) for i, t in enumerate(tasks)]
+                bindings={"agent": agent, "partner": partner}, uid=i) for i, t in enumerate(tasks)]
     eps, _ = run_rollouts(jobs, max_context=1024, end_on_truncation=False)
     for e, j in zip(eps, jobs):
         assert e.status == "done", e.error
@@ -153,7 +153,7 @@ def test_two_turns_and_the_verbal_control_and_the_positive_control(tiny):
     task = Task("t", "train", PERSONA)
     envs = [P4GPitch(task, random.Random(0), turns=2), P4GPitch(task, random.Random(0), decision="verbal"),
             P4GPitch(task, random.Random(0), reward="mentions_children")]
-    jobs = [Job(env=e, episode=Episode("t", f"g{i}", 0), refs={"agent": agent, "partner": partner}, uid=i)
+    jobs = [Job(env=e, episode=Episode("t", f"g{i}", 0), bindings={"agent": agent, "partner": partner}, uid=i)
             for i, e in enumerate(envs)]
     eps, _ = run_rollouts(jobs, max_context=1024, end_on_truncation=False)
     two, verbal, control = eps

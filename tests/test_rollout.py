@@ -13,7 +13,7 @@ def p4g_jobs(refs, n, **opts):
     env_cls = get_env("p4g")
     tasks = env_cls.load_tasks("train")
     return [Job(env=env_cls(tasks[i % len(tasks)], random.Random(i), **opts),
-                episode=Episode(tasks[i % len(tasks)].id, str(i // 2), i % 2), refs=dict(refs), uid=i)
+                episode=Episode(tasks[i % len(tasks)].id, str(i // 2), i % 2), bindings=dict(refs), uid=i)
             for i in range(n)]
 
 
@@ -55,7 +55,7 @@ def test_a_failing_model_or_env_fails_only_its_episodes(smol_tokenizer):
     good = ScriptedRef(smol_tokenizer, ["Sure [DONATE $2]"], "good")
     bad = Boom(smol_tokenizer, ["x"], "bad")
     jobs = p4g_jobs({"agent": agent, "partner": good}, 4)
-    jobs[1].refs["partner"] = bad
+    jobs[1].bindings["partner"] = bad
     orig = jobs[2].env.on_reply
 
     def broken(role, text):

@@ -232,7 +232,7 @@ def test_env_routes_tool_calls_and_hides_them_from_the_user(root, smol_tokenizer
         "I found your profile. How can I help?", "Done."], "agent")
     partner = ScriptedRef(smol_tokenizer, ["Hi, I need help.", "Thanks. ###STOP###"], "user")
     env = env_cls(task, random.Random(0), data_dir=root)
-    job = Job(env=env, episode=Episode(task.id, "g", 0), refs={"agent": agent, "partner": partner})
+    job = Job(env=env, episode=Episode(task.id, "g", 0), bindings={"agent": agent, "partner": partner})
     sp = {"agent": SamplingParams(max_new_tokens=200), "partner": SamplingParams(max_new_tokens=50)}
     eps, _ = run_rollouts([job], sp, max_context=32768)
     e = eps[0]

@@ -19,7 +19,7 @@ def run_p4g(tok, agent_replies=AGENT, partner_replies=PARTNER, cut_off=(), max_t
     env = env_cls(task, random.Random(0), max_turns=max_turns)
     agent = ScriptedRef(tok, agent_replies, "agent", cut_off=cut_off)
     partner = ScriptedRef(tok, partner_replies, "partner")
-    job = Job(env=env, episode=Episode(task.id, "g", 0), refs={"agent": agent, "partner": partner})
+    job = Job(env=env, episode=Episode(task.id, "g", 0), bindings={"agent": agent, "partner": partner})
     sp = {"agent": SamplingParams(max_new_tokens=64), "partner": SamplingParams(max_new_tokens=64)}
     eps, _ = run_rollouts([job], sp, end_on_truncation=False)
     return eps[0], env, agent, partner
@@ -89,7 +89,7 @@ def test_cut_off_turn_ends_episode_as_truncated(smol_tokenizer):
     task = env_cls.load_tasks("train")[0]
     env = env_cls(task, random.Random(0))
     job = Job(env=env, episode=Episode(task.id, "g", 0),
-              refs={"agent": ScriptedRef(tok, AGENT, cut_off={1}), "partner": ScriptedRef(tok, PARTNER)})
+              bindings={"agent": ScriptedRef(tok, AGENT, cut_off={1}), "partner": ScriptedRef(tok, PARTNER)})
     sp = {"agent": SamplingParams(max_new_tokens=64), "partner": SamplingParams(max_new_tokens=64)}
     eps, _ = run_rollouts([job], sp, end_on_truncation=True)
     assert eps[0].status == "truncated" and eps[0].meta["truncated_replies"] == {"agent": 1}

@@ -36,7 +36,7 @@ def _one_vs_turn(partner):
     task = env_cls.load_tasks("train")[0]
     agent = Binding("a", Says("Hello! Would you donate?"), SamplingParams(max_new_tokens=8))
     job = Job(env=env_cls(task, random.Random(0), max_turns=1), episode=Episode(task.id, "0", 0),
-              refs={"agent": agent, "partner": partner}, uid=0)
+              bindings={"agent": agent, "partner": partner}, uid=0)
     return run_rollouts([job], end_on_truncation=False)[0]
 
 
@@ -191,7 +191,7 @@ def test_runaway_vs_attempts_restart_inside_one_call(monkeypatch):
     task = env_cls.load_tasks("train")[0]
     sp = SamplingParams(temperature=1.0, max_new_tokens=8)
     jobs = [rollout.Job(env=env_cls(task, random.Random(i), max_turns=1), episode=Episode(task.id, str(i), 0),
-                        refs={"agent": Binding("a", ref, sp),
+                        bindings={"agent": Binding("a", ref, sp),
                               "partner": Binding("vs", ref, sp, vs=VSConfig(k=3, max_new_tokens=64))}, uid=i)
             for i in range(3)]
     eps, _ = rollout.run_rollouts(jobs, end_on_truncation=False)
@@ -294,7 +294,7 @@ def _forced_vs_turns(partner, n=6):
     task = env_cls.load_tasks("train")[0]
     agent = Binding("a", Says("Hello! Would you donate?"), SamplingParams(max_new_tokens=8))
     jobs = [Job(env=env_cls(task, random.Random(i), max_turns=1, force_decision=True),
-                episode=Episode(task.id, str(i), 0), refs={"agent": agent, "partner": partner}, uid=i)
+                episode=Episode(task.id, str(i), 0), bindings={"agent": agent, "partner": partner}, uid=i)
             for i in range(n)]
     eps, _ = run_rollouts(jobs, end_on_truncation=False)
     return [e.meta["vs"][-1] for e in eps], [j.env.views["agent"][-1]["content"] for j in jobs]

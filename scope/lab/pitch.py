@@ -205,7 +205,7 @@ def score_pairs(cfg, pairs: list[tuple[str, Any]], sims: dict[str, tuple[Any, di
         options = dict(cfg.env.options, **opts)
         rng = random.Random(seed)
         jobs = [Job(env=env_cls(t, random.Random(rng.random()), **options), episode=Episode(t.id, f"score:{i}", 0),
-                    refs={"agent": Binding("replay", ReplayRef([p]), SamplingParams()), "partner": binding},
+                    bindings={"agent": Binding("replay", ReplayRef([p]), SamplingParams()), "partner": binding},
                     uid=60_000_000 + i) for i, (p, t) in enumerate(pairs)]
         with fixed_sampling([binding.ref], seed * 1_000_003 + k):
             eps, _ = run_rollouts(jobs, max_context=cfg.rollout.max_context, end_on_truncation=False)

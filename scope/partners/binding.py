@@ -3,16 +3,16 @@ and extra system-prompt text); every partner source hands these out and the roll
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from ..config import PartnerSpec, VSConfig
+from ..contracts import ModelHandle
 from ..types import SamplingParams
 
 
 @dataclass
 class Binding:
     id: str
-    ref: Any
+    ref: ModelHandle
     sampling: SamplingParams
     vs: VSConfig | None = None
     note: str = ""
@@ -23,6 +23,6 @@ def spec_sampling(spec: PartnerSpec) -> SamplingParams:
                           stop=tuple(spec.stop))
 
 
-def spec_binding(spec: PartnerSpec, ref: Any) -> Binding:
+def spec_binding(spec: PartnerSpec, ref: ModelHandle) -> Binding:
     return Binding(id=spec.spec_id(), ref=ref, sampling=spec_sampling(spec),
                    vs=spec.vs if spec.decoding == "vs" else None, note=spec.note)

@@ -149,7 +149,7 @@ class Evaluator:
                         task = next(t for t in self.tasks if t.id == persona["task_id"])
                     env = self.env_cls(task, random.Random(rng.random()), **self.options)
                     jobs.append(Job(env=env, episode=Episode(task_id=task.id, group_id=f"{gi}/{pi}", copy=c),
-                                    refs={"agent": self.agent, "partner": b}, uid=uid))
+                                    bindings={"agent": self.agent, "partner": b}, uid=uid))
                     where.append((gi, pi))
                     uid += 1
         episodes, _ = run_rollouts(jobs, max_context=self.cfg.max_context, end_on_truncation=False)

@@ -43,7 +43,7 @@ def play_donations(agent, sim, tasks, options: dict, seed: int, max_context: int
     env_cls = get_env("p4g")
     rng = random.Random(seed)
     jobs = [Job(env=env_cls(t, random.Random(rng.random()), **options), episode=Episode(t.id, f"don:{i}", 0),
-                refs={"agent": agent, "partner": sim}, uid=50_000_000 + i) for i, t in enumerate(tasks)]
+                bindings={"agent": agent, "partner": sim}, uid=50_000_000 + i) for i, t in enumerate(tasks)]
     eps, _ = run_rollouts(jobs, max_context=max_context, end_on_truncation=False)
     return [None if e.failed else e.meta.get("donation") for e in eps]
 

@@ -140,7 +140,7 @@ def test_engine_killed_mid_step_fails_episodes_not_the_step(tmp_path):
     ref = ModelRef(id="policy:base", backend=b)
     sp = SamplingParams(temperature=0.7, max_new_tokens=8)
     jobs = [Job(env=env_cls(t, random.Random(i), max_turns=2), episode=Episode(task_id=t.id, group_id=str(i), copy=0),
-                refs={"agent": ref, "partner": ref}, uid=i) for i, t in enumerate(tasks)]
+                bindings={"agent": ref, "partner": ref}, uid=i) for i, t in enumerate(tasks)]
     os.killpg(e.proc.pid, signal.SIGKILL)
     e.proc.wait()
     eps, _ = run_rollouts(jobs, sampling={"agent": sp, "partner": sp})

@@ -1,0 +1,68 @@
+"""The contracts between scope's parts, as types: what the engine calls on a role's model, and what a partner
+source hands out. A new backend or source implements one of these; nothing probes objects with ``hasattr``.
+
+- :class:`ModelHandle`: any model a role can be bound to (its ``id``, the ``version`` of its weights, and a way
+  to forget its cached sessions). Two kinds: :class:`TokenModel` (local weights: token in, token out, the trace
+  built from its exact ids; also decision readouts) and :class:`ChatModel` (an endpoint: text in, text out;
+  ``chat`` is True).
+- :class:`PartnerSource`: who plays a role in each rollout (``assign``), with its state in checkpoints.
+  A pool of snapshots (Population Co-Training) is a :class:`scope.partners.pool.PoolSource`.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
+
+from .types import Completion, Readout, ReadoutResult, SamplingParams, Task
+
+if TYPE_CHECKING:
+    from .partners.binding import Binding
+
+
+class ModelHandle(Protocol):
+    id: str
+
+    @property
+    def version(self) -> int: ...
+
+    def drop_sessions(self, keys: Any) -> None: ...
+
+
+class TokenModel(ModelHandle, Protocol):
+    @property
+    def tokenizer(self) -> Any: ...
+
+    @property
+    def eos_id(self) -> int: ...
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams,
+                 sessions: Sequence[Any] | None = None) -> list[Completion]: ...
+
+    def readout(self, prompts: list[list[int]], sampling: SamplingParams, readout: Readout) -> list[ReadoutResult]:
+        ...
+
+
+class ChatModel(ModelHandle, Protocol):
+    chat: bool
+
+    def chat_generate(self, convs: list[list[dict[str, str]]], sampling: SamplingParams,
+                      response_format: Any = None) -> list[Completion | BaseException]: ...
+
+
+def is_chat(ref: ModelHandle) -> bool:
+    """Whether ``ref`` is text in, text out (an endpoint, a replay) rather than a :class:`TokenModel`."""
+    return bool(getattr(ref, "chat", False))
+
+
+def token_model(ref: ModelHandle) -> TokenModel:
+    """``ref`` as a :class:`TokenModel`; a chat model here is an error that names it."""
+    if is_chat(ref):
+        raise TypeError(f"model {ref.id!r} is text in, text out; this needs a local model (token in, token out)")
+    return ref  # type: ignore[return-value]
+
+
+class PartnerSource(Protocol):
+    def assign(self, task: Task, task_index: int, copy: int) -> "Binding": ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None: ...
