@@ -61,8 +61,10 @@ def token_model(ref: ModelHandle) -> TokenModel:
 
 
 class PartnerSource(Protocol):
+    """Who plays a role in each rollout. Its state goes into checkpoints (``state_dict``); a source restores it
+    with ``load_state_dict(sd)``, a pool (``PoolSource``), whose members are adapters saved beside it, with
+    ``load(dir, sd)``."""
+
     def assign(self, task: Task, task_index: int, copy: int) -> "Binding": ...
 
     def state_dict(self) -> dict[str, Any]: ...
-
-    def load_state_dict(self, sd: dict[str, Any]) -> None: ...

@@ -13,6 +13,8 @@ import random
 from typing import Any
 
 from ..config import Config
+from ..contracts import ModelHandle, PartnerSource
+from ..models.local import ModelRef
 from ..types import Task
 from .binding import Binding, spec_binding, spec_sampling  # noqa: F401 - re-exported: what sources hand out
 
@@ -113,13 +115,16 @@ class PersonaSource:
         self.current = sd["current"]
 
 
-def build_sources(cfg: Config, frozen_refs: dict[str, Any], trainable_refs: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def build_sources(cfg: Config, frozen_refs: dict[str, ModelHandle],
+                  trainable_refs: dict[str, ModelRef]) -> dict[str, PartnerSource]:
+    """One source per role: who plays it in each rollout (a pool is a ``PoolSource``)."""
+    out: dict[str, PartnerSource] = {}
     for role, rc in cfg.roles().items():
         if rc.trainable and rc.source == "pool":
             from .pool import PoolSource
 
             ref = trainable_refs[role]
+            assert ref.adapter is not None  # (the config's validation: a pool's model is LoRA)
             lora = cfg.models[rc.model].lora
             out[role] = PoolSource(ref.backend, ref.adapter, spec_sampling(rc), size=rc.pool.size,
                                    every=rc.pool.every, seed=cfg.run.seed + 11, group_shared=rc.group_shared,
