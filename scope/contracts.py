@@ -5,17 +5,15 @@ source hands out. A new backend or source implements one of these; nothing probe
   to forget its cached sessions). Two kinds: :class:`TokenModel` (local weights: token in, token out, the trace
   built from its exact ids; also decision readouts) and :class:`ChatModel` (an endpoint: text in, text out;
   ``chat`` is True).
-- :class:`PartnerSource`: who plays a role in each rollout (``assign``), with its state in checkpoints.
-  A pool of snapshots (Population Co-Training) is a :class:`scope.partners.pool.PoolSource`.
+
+Who plays a role in each rollout is the partner contract, :class:`scope.partners.binding.PartnerSource`, beside
+the :class:`~scope.partners.binding.Binding` it hands out.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
-from .types import Completion, Readout, ReadoutResult, SamplingParams, Task
-
-if TYPE_CHECKING:
-    from .partners.binding import Binding
+from .types import Completion, Readout, ReadoutResult, SamplingParams
 
 
 class ModelHandle(Protocol):
@@ -58,13 +56,3 @@ def token_model(ref: ModelHandle) -> TokenModel:
     if is_chat(ref):
         raise TypeError(f"model {ref.id!r} is text in, text out; this needs a local model (token in, token out)")
     return ref  # type: ignore[return-value]
-
-
-class PartnerSource(Protocol):
-    """Who plays a role in each rollout. Its state goes into checkpoints (``state_dict``); a source restores it
-    with ``load_state_dict(sd)``, a pool (``PoolSource``), whose members are adapters saved beside it, with
-    ``load(dir, sd)``."""
-
-    def assign(self, task: Task, task_index: int, copy: int) -> "Binding": ...
-
-    def state_dict(self) -> dict[str, Any]: ...

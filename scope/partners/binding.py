@@ -3,10 +3,11 @@ and extra system-prompt text); every partner source hands these out and the roll
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from ..config import PartnerSpec, VSConfig
 from ..contracts import ModelHandle
-from ..types import SamplingParams
+from ..types import SamplingParams, Task
 
 
 @dataclass
@@ -26,3 +27,13 @@ def spec_sampling(spec: PartnerSpec) -> SamplingParams:
 def spec_binding(spec: PartnerSpec, ref: ModelHandle) -> Binding:
     return Binding(id=spec.spec_id(), ref=ref, sampling=spec_sampling(spec),
                    vs=spec.vs if spec.decoding == "vs" else None, note=spec.note)
+
+
+class PartnerSource(Protocol):
+    """Who plays a role in each rollout (the partner contract). Its state goes into checkpoints (``state_dict``);
+    a source restores it with ``load_state_dict(sd)``, a pool (:class:`scope.partners.pool.PoolSource`), whose
+    members are adapters saved beside it, with ``load(dir, sd)``."""
+
+    def assign(self, task: Task, task_index: int, copy: int) -> Binding: ...
+
+    def state_dict(self) -> dict[str, Any]: ...

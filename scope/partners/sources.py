@@ -13,10 +13,10 @@ import random
 from typing import Any
 
 from ..config import Config
-from ..contracts import ModelHandle, PartnerSource
+from ..contracts import ModelHandle
 from ..models.local import ModelRef
 from ..types import Task
-from .binding import Binding, spec_binding, spec_sampling  # noqa: F401 - re-exported: what sources hand out
+from .binding import Binding, PartnerSource, spec_binding, spec_sampling  # noqa: F401 - re-exported: what sources hand out
 
 BUILTIN_PERSONAS = os.path.join(os.path.dirname(__file__), "data", "partner_personas.json")
 
