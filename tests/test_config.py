@@ -1,9 +1,12 @@
+import os
 import subprocess
 import sys
 
 import pytest
 
 from scope.config import ConfigError, load_config, parse_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_defaults_follow_the_paper():
@@ -130,3 +133,15 @@ def test_a_wrong_typed_env_option_is_one_error_line_before_anything_is_written(t
     good = parse_config({"env": {"name": env, "options": {option: {"max_turns": "4", "max_steps": "7",
                          "agent_stop": "false", "workspace_mb": "64", "discount": "0.5"}[option]}}})
     assert not isinstance(good.env.options[option], str)  # the value, converted to its declared type
+
+
+def test_cli_errors_are_one_line_and_a_closed_pipe_ends_quietly(tmp_path):
+    """A missing option is one ``error:`` line with exit 2 (no traceback); ``scope check-config ... | head``
+    whose reader has gone ends without a BrokenPipeError traceback."""
+    r = subprocess.run([sys.executable, "-m", "scope.cli", "train"], capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.strip() == "error: give --config FILE or --resume RUN_DIR"
+    p = subprocess.Popen([sys.executable, "-m", "scope.cli", "check-config", "configs/p4g_cotrain.yaml"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+    p.stdout.close()  # the reader leaves before the config is printed (the interpreter takes ~1 s to start)
+    err = p.stderr.read().decode()
+    assert p.wait() == 1 and "Traceback" not in err and "BrokenPipe" not in err, err

@@ -1,0 +1,58 @@
+"""The ``scope`` command line. Each group of commands (``runs``, ``experiments``, ``apps``) adds its parsers,
+each beside its handler. A handler returns the exit code. The errors a user can fix print one ``error:`` line
+and exit 2: a bad config, a :class:`~scope.cli.common.UsageError`, a run that could not start
+(:class:`scope.guards.StartupError`), and the exceptions a command lists as its ``user_errors`` (a missing
+file, a value out of range). A run that could no longer do anything useful (:class:`scope.guards.RunFailed`)
+exits 1. Anything else is a bug and keeps its traceback."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from ..config import ConfigError
+from . import apps, experiments, runs
+from .common import UsageError
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="scope", description="Multi-turn RL for LLM agents against LLM partners.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    for group in (runs, experiments, apps):
+        group.add_parsers(sub)
+    return p
+
+
+def fail(error: object, code: int = 2) -> int:
+    print(f"error: {error}", file=sys.stderr)
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    _quiet_libraries()
+    try:
+        code = args.fn(args)
+        sys.stdout.flush()  # inside the try: a reader that went away (`| head`) is seen here
+        return code
+    except BrokenPipeError:  # the reader took what it wanted; end quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except Exception as e:
+        from ..guards import RunFailed, StartupError
+
+        if isinstance(e, RunFailed):
+            return fail(e, 1)
+        if isinstance(e, (ConfigError, UsageError, StartupError, *args.user_errors)):
+            return fail(e)
+        raise
+
+
+def _quiet_libraries() -> None:
+    """scope prints its own progress: the libraries' loading and saving progress bars are turned off."""
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    except ImportError:  # pragma: no cover
+        pass
