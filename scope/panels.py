@@ -122,9 +122,9 @@ def sharing(panel, models: dict[str, Any], sources: Iterable[Simulator]) -> dict
 
 
 def same_weights(panel, models: dict[str, Any], sources: Iterable[Simulator]) -> set[str]:
-    """The ids of the panel's unseen members that run on a training simulator's weights."""
-    seen = {p.spec_id(): p.seen for p in panel.partners}
-    return {k for k, v in sharing(panel, models, sources).items() if v.weights and not seen[k]}
+    """The ids of the panel's unseen members (controls apart) that run on a training simulator's weights."""
+    unseen = {p.spec_id(): not p.seen and not p.control for p in panel.partners}
+    return {k for k, v in sharing(panel, models, sources).items() if v.weights and unseen[k]}
 
 
 def marked(pid: str, same: set[str]) -> str:

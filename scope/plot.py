@@ -88,7 +88,10 @@ def scores_table(runs: dict[str, list[dict[str, Any]]]) -> str:
     """Each run's best checkpoint chosen on the seen partners (as training chooses RUN_DIR/best), with the
     unseen score at that step beside it, and the final scores."""
     f = lambda x: "n/a" if x is None else f"{x:.3f}"  # noqa: E731
-    lines = ["| run | best on seen (step) | unseen at that step | final seen | final unseen | final train reward |",
+    from .stats import TRAIN_WINDOW, window
+
+    lines = ["| run | best on seen (step) | unseen at that step | final seen | final unseen | "
+             f"train reward (mean of the last {TRAIN_WINDOW} steps) |",
              "|---|---|---|---|---|---|"]
     for label, ms in runs.items():
         ev = [m for m in ms if isinstance(m.get("eval/seen_mean"), (int, float))]
@@ -98,5 +101,5 @@ def scores_table(runs: dict[str, list[dict[str, Any]]]) -> str:
         chosen = f"{f(best['eval/seen_mean'])} ({best['step']})" if best else "n/a"
         lines.append(f"| {label} | {chosen} | {f(best.get('eval/unseen_mean')) if best else 'n/a'} | "
                      f"{f(last.get('eval/seen_mean'))} | "
-                     f"{f(last.get('eval/unseen_mean'))} | {f(tr[-1]) if tr else 'n/a'} |")
+                     f"{f(last.get('eval/unseen_mean'))} | {f(window(tr))} |")
     return "\n".join(lines) + "\n"

@@ -22,6 +22,18 @@ Z95 = 1.959963984540054
 RESAMPLES = 2000
 
 
+TRAIN_WINDOW = 4
+"""Steps over which every end-of-training figure is taken, in every table and plot (training reward, entropy,
+zero-variance and the simulator-side share at the end: the mean of the last TRAIN_WINDOW steps; at the start:
+the mean of the first TRAIN_WINDOW)."""
+
+
+def window(xs: Sequence[float], end: bool = True) -> float | None:
+    """The mean of the last (``end``) or first :data:`TRAIN_WINDOW` values; None when there are none."""
+    xs = list(xs)[-TRAIN_WINDOW:] if end else list(xs)[:TRAIN_WINDOW]
+    return sum(xs) / len(xs) if xs else None
+
+
 def wilson(p: float, n: int, z: float = Z95) -> tuple[float, float]:
     """The Wilson score interval of a mean ``p`` in [0, 1] over ``n`` trials ((nan, nan) for n = 0)."""
     if n <= 0 or p is None or (isinstance(p, float) and math.isnan(p)):

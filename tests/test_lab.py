@@ -191,3 +191,48 @@ def test_a_customer_that_leaves_its_scenario_earns_the_adversary_nothing():
         ep.rewards = e.rewards()
         eps.append(ep)
     assert adversarial(eps, "partner") == [0.0, 1.0]
+
+
+def test_every_end_of_training_figure_is_the_stated_window(tmp_path):
+    """The lab's table, its signatures and `scope plot`'s scores take a training figure at the end as the
+    mean of the last TRAIN_WINDOW (4) steps and at the start as the first 4, never the last step alone."""
+    from scope.lab.runner import run_summary
+    from scope.plot import scores_table
+    from scope.stats import TRAIN_WINDOW
+
+    assert TRAIN_WINDOW == 4
+    rows = [{"step": s, "reward_mean": float(s), "policy_entropy": 10.0 - s, "zero_variance_frac": s / 10}
+            for s in range(1, 11)]
+    rows += [{"step": s, "collapse/partner_share": s / 10} for s in (2, 4, 6, 8, 10)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    r = run_summary(str(tmp_path))
+    assert r["train_reward"] == pytest.approx(8.5) and r["train_reward_start"] == pytest.approx(2.5)
+    assert r["entropy_end"] == pytest.approx(1.5) and r["zero_variance_end"] == pytest.approx(0.85)
+    assert r["partner_share_start"] == pytest.approx(0.5) and r["partner_share_end"] == pytest.approx(0.7)
+    assert "| 8.500 |" in scores_table({"run": rows})  # not the last step's 10.000
+
+
+def _peak_run(gain: float, noise: float, seed: int = 0) -> dict:
+    """A synthetic lab run: Base at step 0, the best trained evaluation at step 5, the end at step 10, on 8
+    unseen customers; every task of the peak gains ``gain`` plus noise of size ``noise``."""
+    rng = random.Random(seed)
+    tasks = [f"t{i}" for i in range(8)]
+    base = {sim: {t: 0.4 + 0.2 * rng.random() for t in tasks} for sim in ("u1", "u2")}
+    # the noise is +noise on half the tasks and -noise on the other half: the true gain is exactly `gain`
+    peak = {sim: {t: v + gain + (noise if i % 2 else -noise) for i, (t, v) in enumerate(c.items())}
+            for sim, c in base.items()}
+    end = {sim: {t: max(0.0, v - 0.2) for t, v in c.items()} for sim, c in base.items()}
+    return {"cells": {"0": base, "5": peak, "10": end}, "seen_flags": {"u1": False, "u2": False},
+            "unseen_peak_step": 5, "last_eval_step": 10}
+
+
+def test_a_peak_is_written_only_when_it_exceeds_two_standard_errors():
+    """Single's best trained evaluation counts as a peak above Base only beyond 2 paired s.e.: a small gain
+    drowned in task noise is "not a peak", a gain on every task is one; the end is tested against Base too."""
+    from scope.lab.runner import peak_test
+
+    small = peak_test(_peak_run(0.03, 0.3))
+    assert small["peaks"] is False and small["peak_minus_base"]["lo"] < 0 < small["peak_minus_base"]["hi"]
+    big = peak_test(_peak_run(0.3, 0.05))
+    assert big["peaks"] is True and big["peak_minus_base"]["mean"] > 2 * big["peak_minus_base"]["se"]
+    assert big["ends_below_base"] is True

@@ -20,9 +20,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def shipped_training_configs():
     paths = [f for f in glob.glob(os.path.join(ROOT, "configs", "*.yaml"))]
-    for sub in ("lab", "p4g_mini"):
+    for sub in ("lab", "p4g_mini", "p4g_pitch"):
         paths += [f for f in glob.glob(os.path.join(ROOT, "configs", sub, "*.yaml"))
-                  if os.path.basename(f) not in ("panel.yaml",)]
+                  if os.path.basename(f) not in ("panel.yaml", "grid.yaml")]
     out = []
     for f in sorted(paths):
         cfg = load_config(f)
@@ -75,15 +75,15 @@ def test_unseen_panel_members_share_what_the_docs_say_and_nothing_else(panel_pat
     env, cfg_models, sources = panels_by_env()[panel_path]
     panel = load_panel(panel_path)
     models = {**cfg_models, **panel.models}
-    unseen = [p for p in panel.partners if not p.seen]
+    for p in panel.partners:  # every member, seen, unseen or control, samples plainly (the docs' words)
+        assert p.decoding == "plain", f"{p.id}: decoding {p.decoding} is a training paradigm's (Verbalized Sampling)"
+    unseen = [p for p in panel.partners if not p.seen and not p.control]  # controls are outside every mean
     assert unseen, f"{panel_path}: no unseen partner"
     shared = sharing(panel, models, sources)
     for p in unseen:
         sh = shared[p.spec_id()]
-        assert p.decoding == "plain", f"{p.id}: decoding {p.decoding} is a training paradigm's (Verbalized Sampling)"
         assert not sh.note, f"{p.id}: its note shares text with a training simulator's"
         assert not sh.persona, f"{p.id}: a persona of it shares text with a training simulator's"
-        assert sh.system_prompt  # the environment's own prompt, which the docs say every member plays
         w = weights_of(models, p.model, p.adapter)
         for s in sources:
             assert not (w == s.weights and p.note == s.note and not p.personas), \

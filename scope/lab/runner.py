@@ -6,8 +6,9 @@ steps and at step 0. Base is the untrained agent, evaluated on the same panel. A
 run again, so an interrupted grid continues where it stopped. At the end the grid writes:
 
 - ``results.json``: per run, the final panel scores and the curves; per paradigm, means and stds;
-- ``table.md``: a Table-1-style table (held-out reward on seen / unseen / all simulators, mean +- std
-  over seeds, with the evaluation noise), the training reward and the collapse signatures;
+- ``table.md``: a Table-1-style table (held-out reward on seen / unseen / all simulators with their
+  task-bootstrap intervals and each seed's value), the training reward (last 4 steps) and the collapse
+  signatures;
 - ``curves.png`` (and one PNG per panel): Figure-3-style curves per paradigm, averaged over seeds:
   training reward, held-out reward on the unseen simulators, policy entropy, zero-variance group
   fraction and the simulator's behaviour modal mass.
@@ -20,7 +21,7 @@ import os
 import time
 from typing import Any, Callable
 
-from ..stats import Cells
+from ..stats import TRAIN_WINDOW, Cells, window
 
 PARADIGMS = ("base", "single", "ensemble", "single_sharp", "ensemble_base", "single_p1", "persona",
              "persona_evolved", "vs", "cotrain", "population")
@@ -221,11 +222,6 @@ def _mean_std(xs: list[float | None]) -> tuple[float, float]:
     return m, (math.sqrt(sum((x - m) ** 2 for x in vals) / (len(vals) - 1)) if len(vals) > 1 else 0.0)
 
 
-TRAIN_WINDOW = 4
-"""Steps over which every end-of-training figure is taken (training reward, entropy and zero-variance at the
-end: the mean of the last TRAIN_WINDOW steps; entropy at the start: the mean of the first TRAIN_WINDOW)."""
-
-
 def eval_cells(run_dir: str) -> tuple[dict[int, Cells], dict[str, bool | str], dict[int, dict[str, int]]]:
     """Each evaluation of a run as :data:`scope.stats.Cells` (simulator -> task -> mean reward), by step,
     each simulator's seen flag and, by step, each simulator's number of dialogues, from
@@ -250,11 +246,6 @@ def eval_cells(run_dir: str) -> tuple[dict[int, Cells], dict[str, bool | str], d
     return cells, seen, counts
 
 
-def _window(xs: list[float], end: bool = True) -> float | None:
-    xs = xs[-TRAIN_WINDOW:] if end else xs[:TRAIN_WINDOW]
-    return sum(xs) / len(xs) if xs else None
-
-
 def run_summary(run_dir: str) -> dict[str, Any]:
     """Final scores, curves, every evaluation's per-task rewards and the collapse signatures of one run."""
     from ..run import read_metrics
@@ -275,13 +266,13 @@ def run_summary(run_dir: str) -> dict[str, Any]:
            "dialogues": counts.get(int(last["step"]), {}) if last else {},
            "last_eval_step": last.get("step")}
     if tr:
-        out["train_reward"] = _window([m["reward_mean"] for m in tr])
-        out["train_reward_start"] = _window([m["reward_mean"] for m in tr], end=False)
+        out["train_reward"] = window([m["reward_mean"] for m in tr])
+        out["train_reward_start"] = window([m["reward_mean"] for m in tr], end=False)
         ent = [m["policy_entropy"] for m in tr if "policy_entropy" in m]
-        out["entropy_start"], out["entropy_end"] = _window(ent, end=False), _window(ent)
-        out["zero_variance_end"] = _window([m["zero_variance_frac"] for m in tr if "zero_variance_frac" in m])
+        out["entropy_start"], out["entropy_end"] = window(ent, end=False), window(ent)
+        out["zero_variance_end"] = window([m["zero_variance_frac"] for m in tr if "zero_variance_frac" in m])
         share = [v for _, v in curves["collapse/partner_share"]]
-        out["partner_share_start"], out["partner_share_end"] = share[0] if share else None, _window(share)
+        out["partner_share_start"], out["partner_share_end"] = window(share, end=False), window(share)
     un = curves["eval/unseen_mean"]
     trained = [(s, v) for s, v in un if s > 0]  # the step-0 evaluation is Base, not a point of this run's curve
     if trained:
@@ -453,19 +444,23 @@ def table(results: dict[str, Any]) -> str:
     rows = results["paradigms"]
     lines = ["| paradigm | held-out seen | held-out unseen | unseen, per seed | held-out all | unseen at the "
              "best-on-seen checkpoint | training reward, per seed | entropy start -> end | zero-variance (end) | "
-             "seeds |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "simulator-side share start -> end | seeds |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for p, r in rows.items():
         ent = "n/a" if math.isnan(r["entropy_start"]) else f"{_f(r['entropy_start'], 2)} -> {_f(r['entropy_end'], 2)}"
+        share = ("n/a" if math.isnan(r.get("partner_share_start", math.nan))
+                 else f"{_f(r['partner_share_start'], 2)} -> {_f(r['partner_share_end'], 2)}")
         lines.append(f"| {LABELS[p]} | {_iv(r, 'seen')} | {_iv(r, 'unseen')} | {_seeds(r, 'unseen')} | "
                      f"{_iv(r, 'all')} | "
                      f"{_iv(r, 'unseen_at_best_seen')} | {_seeds(r, 'train_reward')} | {ent} | "
-                     f"{_f(r['zero_variance_end'], 2)} | {r['seeds']} |")
+                     f"{_f(r['zero_variance_end'], 2)} | {share} | {r['seeds']} |")
     noise = [r["noise_unseen_se"] for r in rows.values() if not math.isnan(r.get("noise_unseen_se", math.nan))]
     lines += ["", "Final held-out reward (the mean over seeds of the panel's mean per simulator group), with its 95% "
                   "interval: a bootstrap over the evaluation's tasks, the same resample for every simulator and seed "
                   "(evaluation noise given the trained policies). The seeds' own values are listed beside it: their "
                   "spread is training noise, which the interval does not hold. "
-                  f"Training reward, entropy and zero-variance: the mean of the first / last {TRAIN_WINDOW} steps. "
+                  f"Training reward, entropy, zero-variance and the simulator-side share of the reward variance "
+                  f"(E[Var(R | agent turns)] / total, the variance decomposition): the mean of the first / last "
+                  f"{TRAIN_WINDOW} steps (measurements) it was taken at. "
                   "The bootstrap s.e. of one run's unseen mean is about "
                   f"{_f(sum(noise) / len(noise) if noise else math.nan)}."
                   + (f" torch threads: {results['threads']} (the numbers depend on it)."
