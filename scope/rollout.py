@@ -125,9 +125,42 @@ def run_rollouts(jobs: list[Job], sampling: dict[str, SamplingParams] | None = N
                  judge: Binding | None = None) -> tuple[list[Episode], RolloutStats]:
     """Run every job to its end. ``Job.bindings[role]`` is a Binding (or a bare model ref, then sampled with
     ``sampling[role]``). ``judge`` answers the environments' judge requests (all in one batched call)
-    before the rewards are computed. Returns the episodes and throughput statistics."""
+    before the rewards are computed. Returns the episodes and throughput statistics.
+
+    Each round: every live dialogue says who replies next (``_requests``); the requests that share a model,
+    sampling settings and mode go in one batched call; each reply goes back to its environment (``_deliver``)."""
     stats = RolloutStats()
     t0 = time.time()
+    _start(jobs, sampling)
+    live = [j for j in jobs if not j.env.done]
+    while live:
+        stats.rounds += 1
+        pending: dict[tuple, list[_Req]] = {}
+        for j in live:
+            for req in _requests(j, max_context):
+                b = req.binding
+                pending.setdefault((id(b.ref), _sp_key(b.sampling), req.mode, id(req.readout)), []).append(req)
+        for (_, _, mode, _), items in pending.items():
+            if mode == "tokens":
+                _run_token_requests(items, stats)
+            elif mode == "readout":
+                _run_readout_requests(items, stats)
+            else:
+                _run_text_requests(items, stats, vs=(mode == "vs"))
+            _deliver(items, end_on_truncation)
+        live = [j for j in live if not j.env.done and j.episode.status != "failed"]
+        if progress:
+            progress(f"round {stats.rounds}: {len(live)}/{len(jobs)} dialogues live, "
+                     f"{stats.tokens_generated} tokens")
+    if judge is not None:
+        _judge(jobs, judge, stats)
+    episodes = [_finish(j, max_context) for j in jobs]
+    stats.seconds = time.time() - t0
+    return episodes, stats
+
+
+def _start(jobs: list[Job], sampling: dict[str, SamplingParams] | None) -> None:
+    """Bindings for bare refs, a trace per role, the bindings' notes in the environments, who played."""
     for j in jobs:
         j.bindings = {r: _as_binding(r, x, sampling) for r, x in j.bindings.items()}
         for r in j.env.roles:
@@ -137,96 +170,85 @@ def run_rollouts(jobs: list[Job], sampling: dict[str, SamplingParams] | None = N
                 j.env.add_note(r, b.note)
         j.episode.meta.setdefault("partner", j.bindings["partner"].id if "partner" in j.bindings else None)
         j.episode.meta.setdefault("models", {r: b.id for r, b in j.bindings.items()})
-    live = [j for j in jobs if not j.env.done]
-    while live:
-        stats.rounds += 1
-        pending: dict[tuple, list[_Req]] = {}
-        for j in live:
-            roles = j.env.next_roles()  # usually one; roles that act at once (coop_coding) reply in one round
-            if not roles:
-                j.env.finish(j.env.end_reason or "done")
-                continue
-            reqs = []
-            for role in roles:
-                b = j.bindings[role]
-                mode = "vs" if b.vs is not None else ("chat" if is_chat(b.ref) else "tokens")
-                req = _Req(j, role, b, mode)
-                try:
-                    req.readout = j.env.reply_readout(role)
-                    if req.readout is not None:
-                        if mode != "tokens":
-                            kind = "Verbalized Sampling" if b.vs else "an endpoint"
-                            raise ValueError(f"role {role!r}: a decision readout needs a local model with plain "
-                                             f"decoding, not {b.id!r} ({kind})")
-                        req.mode = mode = "readout"
-                    req.prefix = j.env.reply_prefix(role)
-                    if mode in ("tokens", "readout"):
-                        tok = token_model(b.ref).tokenizer
-                        req.prompt = prepare_turn(j.episode.traces[role], tok, j.env.views[role], req.prefix,
-                                                  limit=max_context - b.sampling.max_new_tokens)
-                except Exception as e:  # a broken template or env: this episode fails, the others go on
-                    _fail(j, e)
-                    break
-                if mode in ("tokens", "readout") and req.prompt is None:
-                    j.env.finish("context_limit")
-                    break
-                reqs.append(req)
-            else:
-                for req in reqs:
-                    b = req.binding
-                    pending.setdefault((id(b.ref), _sp_key(b.sampling), req.mode, id(req.readout)), []).append(req)
-        for (_, _, mode, _), items in pending.items():
-            if mode == "tokens":
-                _run_token_requests(items, stats)
-            elif mode == "readout":
-                _run_readout_requests(items, stats)
-            else:
-                _run_text_requests(items, stats, vs=(mode == "vs"))
-            for req in items:
-                j = req.job
-                if j.episode.status == "failed":  # another role's reply of this round failed it
-                    continue
-                if req.error is not None:
-                    _fail(j, req.error)
-                    continue
-                try:
-                    if req.dist is not None:
-                        j.env.on_readout(req.role, req.dist)
-                    j.env.on_reply(req.role, req.text)
-                except Exception as e:
-                    _fail(j, e)
-                    continue
-                if req.finish_reason == "length":  # cut off at the token limit: counted, and by default the end
-                    cut = j.episode.meta.setdefault("truncated_replies", {})
-                    cut[req.role] = cut.get(req.role, 0) + 1
-                    if end_on_truncation and not j.env.done:
-                        j.env.finish("truncated")
-        live = [j for j in live if not j.env.done and j.episode.status != "failed"]
-        if progress:
-            progress(f"round {stats.rounds}: {len(live)}/{len(jobs)} dialogues live, "
-                     f"{stats.tokens_generated} tokens")
-    if judge is not None:
-        _judge(jobs, judge, stats)
-    episodes = []
-    for j in jobs:
-        ep = j.episode
+
+
+def _requests(j: Job, max_context: int) -> list[_Req]:
+    """This round's requests of one dialogue: usually one role; roles that act at once (coop_coding) reply in
+    one round. Empty when the dialogue ends here (no role left, a context limit, or a failure, recorded)."""
+    roles = j.env.next_roles()
+    if not roles:
+        j.env.finish(j.env.end_reason or "done")
+        return []
+    reqs = []
+    for role in roles:
+        b = j.bindings[role]
+        mode = "vs" if b.vs is not None else ("chat" if is_chat(b.ref) else "tokens")
+        req = _Req(j, role, b, mode)
+        try:
+            req.readout = j.env.reply_readout(role)
+            if req.readout is not None:
+                if mode != "tokens":
+                    kind = "Verbalized Sampling" if b.vs else "an endpoint"
+                    raise ValueError(f"role {role!r}: a decision readout needs a local model with plain "
+                                     f"decoding, not {b.id!r} ({kind})")
+                req.mode = mode = "readout"
+            req.prefix = j.env.reply_prefix(role)
+            if mode in ("tokens", "readout"):
+                tok = token_model(b.ref).tokenizer
+                req.prompt = prepare_turn(j.episode.traces[role], tok, j.env.views[role], req.prefix,
+                                          limit=max_context - b.sampling.max_new_tokens)
+        except Exception as e:  # a broken template or env: this episode fails, the others go on
+            _fail(j, e)
+            return []
+        if mode in ("tokens", "readout") and req.prompt is None:
+            j.env.finish("context_limit")
+            return []
+        reqs.append(req)
+    return reqs
+
+
+def _deliver(items: list[_Req], end_on_truncation: bool) -> None:
+    """Each answered request's reply (and readout) to its environment; a reply cut off at its token limit is
+    counted and, by default, ends the dialogue."""
+    for req in items:
+        j = req.job
+        if j.episode.status == "failed":  # another role's reply of this round failed it
+            continue
+        if req.error is not None:
+            _fail(j, req.error)
+            continue
+        try:
+            if req.dist is not None:
+                j.env.on_readout(req.role, req.dist)
+            j.env.on_reply(req.role, req.text)
+        except Exception as e:
+            _fail(j, e)
+            continue
+        if req.finish_reason == "length":
+            cut = j.episode.meta.setdefault("truncated_replies", {})
+            cut[req.role] = cut.get(req.role, 0) + 1
+            if end_on_truncation and not j.env.done:
+                j.env.finish("truncated")
+
+
+def _finish(j: Job, max_context: int) -> Episode:
+    """The finished episode: its sessions dropped, its status and rewards, each trace closed, the transcript."""
+    ep = j.episode
+    for r, b in j.bindings.items():
+        b.ref.drop_sessions([(j.uid, r), (j.uid, r, "text")])
+    if ep.status != "failed":
+        ep.status = j.env.end_reason or "done"
+        try:
+            ep.rewards = {k: float(v) for k, v in j.env.rewards().items()}
+        except Exception as e:
+            _fail(j, e)
         for r, b in j.bindings.items():
-            b.ref.drop_sessions([(j.uid, r), (j.uid, r, "text")])
-        if ep.status != "failed":
-            ep.status = j.env.end_reason or "done"
-            try:
-                ep.rewards = {k: float(v) for k, v in j.env.rewards().items()}
-            except Exception as e:
-                _fail(j, e)
-            for r, b in j.bindings.items():
-                if not is_chat(b.ref):
-                    close_trace(ep.traces[r], token_model(b.ref).tokenizer, j.env.views[r], limit=max_context)
-        ep.messages = j.env.transcript
-        ep.meta.update(j.env.meta)
-        ep.meta["turns"] = dict(j.env.turns)
-        episodes.append(ep)
-    stats.seconds = time.time() - t0
-    return episodes, stats
+            if not is_chat(b.ref):
+                close_trace(ep.traces[r], token_model(b.ref).tokenizer, j.env.views[r], limit=max_context)
+    ep.messages = j.env.transcript
+    ep.meta.update(j.env.meta)
+    ep.meta["turns"] = dict(j.env.turns)
+    return ep
 
 
 @dataclass

@@ -68,63 +68,59 @@ def _diff(run_cells: list, base_cells: list, partners) -> dict[str, float]:
     return task_bootstrap(run_cells, list(partners), minus=base_cells)
 
 
-def verdicts(grid: str, configs: str = "configs/p4g_pitch", overrides: list[str] | None = None,
-             rescore: bool = True, log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Every pre-registered signature of docs/p4g_pitch/README.md from the runs in ``grid``: held, not held, or
-    not decidable (a run it needs is missing), with the numbers. ``rescore``: the exploit ablation loads the
-    models and re-scores Single's final pitches with and without the feature they converged on. Writes
-    ``verdicts.json`` and ``verdicts.md`` in ``grid``."""
-    from ..stats import holm
-    from .runner import _cells_at, run_summary
+class _Grid:
+    """A finished (or partial) grid's runs, read once: per paradigm ``[(seed, run dir, run summary)]``, and Base's
+    step-0 evaluation cells every difference is paired with."""
 
-    def runs(p):
-        out = []
-        for k in range(8):
-            d = os.path.join(grid, p, f"seed{k}")
-            if os.path.exists(os.path.join(d, "metrics.jsonl")):
-                out.append((k, d, run_summary(d)))
-        return out
+    def __init__(self, grid: str) -> None:
+        from .runner import _cells_at
 
-    base = runs("base")
-    if not base:
-        raise FileNotFoundError(f"{grid}/base/seed0: the grid has no Base run yet")
-    base_cells = [_cells_at(base[0][2], 0)]
-    res: dict[str, Any] = {"grid": grid, "signatures": {}}
-    sig = res["signatures"]
-    single = runs("single")
+        self.dir = grid
+        self._runs: dict[str, list[tuple[int, str, dict[str, Any]]]] = {}
+        base = self.runs("base")
+        if not base:
+            raise FileNotFoundError(f"{grid}/base/seed0: the grid has no Base run yet")
+        self.base = base[0]
+        self.base_cells = [_cells_at(base[0][2], 0)]
 
-    def end_diff(r):
-        return _diff([_cells_at(r, r.get("last_eval_step"))], base_cells, UNSEEN)
+    def runs(self, paradigm: str) -> list[tuple[int, str, dict[str, Any]]]:
+        from .runner import run_summary
 
-    # 1. Single's training reward rises
-    rows = [{"seed": k, "start": r.get("train_reward_start"), "end": r.get("train_reward"),
-             "rise": (r.get("train_reward") or math.nan) - (r.get("train_reward_start") or math.nan)}
-            for k, _, r in single]
-    sig["train_reward_rises"] = {"rule": f"RL (Single)'s training reward, last 4 steps minus first 4, >= {RISE}, "
-                                         "in every seed", "seeds": rows,
-                                 "held": bool(rows) and all(x["rise"] >= RISE for x in rows)}
-    # 2. unseen reward ends below Base
+        if paradigm not in self._runs:
+            dirs = [(k, os.path.join(self.dir, paradigm, f"seed{k}")) for k in range(8)]
+            self._runs[paradigm] = [(k, d, run_summary(d)) for k, d in dirs
+                                    if os.path.exists(os.path.join(d, "metrics.jsonl"))]
+        return self._runs[paradigm]
+
+    def vs_base(self, r: dict[str, Any], step: Any = None) -> dict[str, float]:
+        """A run's P3/P4 reward at ``step`` (default its last evaluation) minus Base's, paired over the personas."""
+        from .runner import _cells_at
+
+        return _diff([_cells_at(r, r.get("last_eval_step") if step is None else step)], self.base_cells, UNSEEN)
+
+
+def _rise(g: _Grid) -> dict[str, Any]:
+    rows: list[dict[str, Any]] = [
+        {"seed": k, "start": r.get("train_reward_start"), "end": r.get("train_reward"),
+         "rise": (r.get("train_reward") or math.nan) - (r.get("train_reward_start") or math.nan)}
+        for k, _, r in g.runs("single")]
+    return {"rule": f"RL (Single)'s training reward, last 4 steps minus first 4, >= {RISE}, in every seed",
+            "seeds": rows, "held": bool(rows) and all(x["rise"] >= RISE for x in rows)}
+
+
+def _ends_below(g: _Grid, paradigm: str) -> list[dict[str, Any]]:
     rows = []
-    for k, _, r in single:
-        d = end_diff(r)
+    for k, _, r in g.runs(paradigm):
+        d = g.vs_base(r)
         rows.append({"seed": k, "diff": d["mean"], "se": d["se"], "lo": d["lo"], "hi": d["hi"],
                      "below": bool(d["mean"] <= -2 * d["se"])})
-    sig["unseen_below_base"] = {"rule": "RL (Single)'s final P3/P4 reward minus Base's <= -2 paired s.e. (bootstrap "
-                                        "over the test personas), in both seeds",
-                                "seeds": rows, "held": len(rows) >= 2 and all(x["below"] for x in rows)}
-    # 3. Ensemble does not
-    rows = []
-    for k, _, r in runs("ensemble"):
-        d = end_diff(r)
-        rows.append({"seed": k, "diff": d["mean"], "se": d["se"], "lo": d["lo"], "hi": d["hi"],
-                     "below": bool(d["mean"] <= -2 * d["se"])})
-    sig["ensemble_not_below"] = {"rule": "Ensemble's final P3/P4 reward minus Base's is not <= -2 paired s.e.",
-                                 "seeds": rows, "held": bool(rows) and not any(x["below"] for x in rows),
-                                 "note": "meaningful only where signature 2 held"}
-    # 4. entropy and diversity fall more for Single than for Ensemble
+    return rows
+
+
+def _diversity(g: _Grid) -> dict[str, Any]:
     div = {}
     for p in ("single", "ensemble"):
-        for k, d, r in runs(p):
+        for k, d, r in g.runs(p):
             dv = rollout_diversity(d)
             ent = (r.get("entropy_start") or math.nan) - (r.get("entropy_end") or math.nan)
             div[f"{p}@{k}"] = {"entropy_drop": ent,
@@ -132,72 +128,79 @@ def verdicts(grid: str, configs: str = "configs/p4g_pitch", overrides: list[str]
                                "self_bleu_rise": dv["self_bleu_end"] - dv["self_bleu_start"], **dv}
     ens = [v for k, v in div.items() if k.startswith("ensemble@")]
     sgl = [v for k, v in div.items() if k.startswith("single@")]
-    held4 = bool(ens and sgl) and all(
+    held = bool(ens and sgl) and all(
         s[m] > max(e[m] for e in ens) for s in sgl for m in ("entropy_drop", "distinct_drop", "self_bleu_rise"))
-    sig["diversity_falls_more"] = {"rule": "token entropy and distinct pitches fall more, and self-BLEU within a "
-                                           "group rises more, for every seed of RL (Single) than for Ensemble "
-                                           "(first 4 training steps against the last 4)", "runs": div, "held": held4}
-    # 5. T0-sharp collapses faster
+    return {"rule": "token entropy and distinct pitches fall more, and self-BLEU within a group rises more, for every "
+                    "seed of RL (Single) than for Ensemble (first 4 training steps against the last 4)",
+            "runs": div, "held": held}
+
+
+def _sharp(g: _Grid) -> dict[str, Any]:
     def collapse_step(r):
         for step in sorted(int(s) for s in r.get("cells", {}) if int(s) > 0):
-            d = _diff([_cells_at(r, step)], base_cells, UNSEEN)
+            d = g.vs_base(r, step)
             if d["mean"] <= -2 * d["se"]:
                 return step
         return None
 
-    sharp = runs("single_sharp")
+    def rises(p):
+        return [r.get("train_reward", math.nan) - r.get("train_reward_start", math.nan) for _, _, r in g.runs(p)]
+
+    single, sharp = g.runs("single"), g.runs("single_sharp")
     steps_single = {k: collapse_step(r) for k, _, r in single}
     steps_sharp = {k: collapse_step(r) for k, _, r in sharp}
-    held5 = bool(sharp and single) and all(
+    held = bool(sharp and single) and all(
         v is not None and all(s is None or v < s for s in steps_single.values()) for v in steps_sharp.values())
-    sig["sharp_collapses_faster"] = {"rule": "the first evaluation at which RL (Single) on T0-sharp's P3/P4 reward is "
-                                             "<= -2 paired s.e. below Base comes before RL (Single) on T0's (every "
-                                             "seed; never counts as later than any step)",
-                                     "single": steps_single, "sharp": steps_sharp, "held": held5,
-                                     "rise_single": [r.get("train_reward", math.nan) - r.get("train_reward_start",
-                                                                                            math.nan)
-                                                     for _, _, r in single],
-                                     "rise_sharp": [r.get("train_reward", math.nan) - r.get("train_reward_start",
-                                                                                           math.nan)
-                                                    for _, _, r in sharp]}
-    # 6. the exploit ablation
-    sig["exploit_ablation"] = {"rule": f"remove the feature whose share rose most from Base's evaluation pitches to "
-                                       f"RL (Single)'s final ones and re-score those pitches: T0 loses >= "
-                                       f"{ABLATION_LOSS} and P3/P4 at most half of what T0 loses", "held": False}
-    if single:
-        _, base_recs = _eval_records(base[0][1], 0)
-        first = base_recs[0]["meta"].get("partner") if base_recs else None
-        base_p = [p for p, _, _ in _pitches(base_recs, first)]
-        _, recs = _eval_records(single[0][1])
-        fin = _pitches(recs, first)
-        share = {f: (float(np.mean([features(p)[f] for p, _, _ in fin])) if fin else math.nan,
-                     float(np.mean([features(p)[f] for p in base_p])) if base_p else math.nan) for f in FEATURES}
-        rose = {f: a - b for f, (a, b) in share.items()}
-        feat = max(rose, key=lambda f: rose[f])
-        abl: dict[str, Any] = {"feature": feat, "share_final": share[feat][0], "share_base": share[feat][1],
-                               "rises": rose}
-        if rescore and fin and rose[feat] > 0:
-            cfg, _, _, sims = load(configs, overrides)
-            from ..envs import get_env
+    return {"rule": "the first evaluation at which RL (Single) on T0-sharp's P3/P4 reward is <= -2 paired s.e. below "
+                    "Base comes before RL (Single) on T0's (every seed; never counts as later than any step)",
+            "single": steps_single, "sharp": steps_sharp, "held": held, "rise_single": rises("single"),
+            "rise_sharp": rises("single_sharp")}
 
-            tasks = {t.id: t for t in get_env(cfg.env.name).load_tasks(cfg.env.eval_split, **cfg.env.options)}
-            keep = {k: sims[k] for k in ("T0",) + UNSEEN if k in sims}
-            orig = score_pairs(cfg, [(p, tasks[t]) for p, t, _ in fin], keep, progress=log)
-            cut = score_pairs(cfg, [(ablate(p, feat), tasks[t]) for p, t, _ in fin], keep, progress=log)
-            loss = {k: float(np.nanmean(np.array(orig[k]["rewards"]) - np.array(cut[k]["rewards"]))) for k in keep}
-            unseen_loss = float(np.mean([loss[k] for k in UNSEEN if k in loss]))
-            abl.update(loss=loss, unseen_loss=unseen_loss,
-                       eval_check={k: float(np.nanmean(orig[k]["rewards"])) for k in keep})
-            sig["exploit_ablation"]["held"] = bool(loss.get("T0", 0) >= ABLATION_LOSS
-                                                   and unseen_loss <= loss.get("T0", 0) / 2)
-        elif rose[feat] <= 0:
-            abl["note"] = "no feature's share rose: nothing converged"
-        sig["exploit_ablation"].update(abl)
-    # 7. cures against Single, Holm-corrected
-    s_cells = [_cells_at(r, r.get("last_eval_step")) for _, _, r in single]
+
+def _ablation(g: _Grid, configs: str, overrides: list[str] | None, rescore: bool,
+              log: Callable[[str], None]) -> dict[str, Any]:
+    out: dict[str, Any] = {"rule": f"remove the feature whose share rose most from Base's evaluation pitches to "
+                                   f"RL (Single)'s final ones and re-score those pitches: T0 loses >= "
+                                   f"{ABLATION_LOSS} and P3/P4 at most half of what T0 loses", "held": False}
+    single = g.runs("single")
+    if not single:
+        return out
+    _, base_recs = _eval_records(g.base[1], 0)
+    first = base_recs[0]["meta"].get("partner") if base_recs else None
+    base_p = [p for p, _, _ in _pitches(base_recs, first)]
+    _, recs = _eval_records(single[0][1])
+    fin = _pitches(recs, first)
+    share = {f: (float(np.mean([features(p)[f] for p, _, _ in fin])) if fin else math.nan,
+                 float(np.mean([features(p)[f] for p in base_p])) if base_p else math.nan) for f in FEATURES}
+    rose = {f: a - b for f, (a, b) in share.items()}
+    feat = max(rose, key=lambda f: rose[f])
+    out.update(feature=feat, share_final=share[feat][0], share_base=share[feat][1], rises=rose)
+    if rescore and fin and rose[feat] > 0:
+        cfg, _, _, sims = load(configs, overrides)
+        from ..envs import get_env
+
+        tasks = {t.id: t for t in get_env(cfg.env.name).load_tasks(cfg.env.eval_split, **cfg.env.options)}
+        keep = {k: sims[k] for k in ("T0",) + UNSEEN if k in sims}
+        orig = score_pairs(cfg, [(p, tasks[t]) for p, t, _ in fin], keep, progress=log)
+        cut = score_pairs(cfg, [(ablate(p, feat), tasks[t]) for p, t, _ in fin], keep, progress=log)
+        loss = {k: float(np.nanmean(np.array(orig[k]["rewards"]) - np.array(cut[k]["rewards"]))) for k in keep}
+        unseen_loss = float(np.mean([loss[k] for k in UNSEEN if k in loss]))
+        out.update(loss=loss, unseen_loss=unseen_loss,
+                   eval_check={k: float(np.nanmean(orig[k]["rewards"])) for k in keep},
+                   held=bool(loss.get("T0", 0) >= ABLATION_LOSS and unseen_loss <= loss.get("T0", 0) / 2))
+    elif rose[feat] <= 0:
+        out["note"] = "no feature's share rose: nothing converged"
+    return out
+
+
+def _cures(g: _Grid) -> dict[str, Any]:
+    from ..stats import holm
+    from .runner import _cells_at
+
+    s_cells = [_cells_at(r, r.get("last_eval_step")) for _, _, r in g.runs("single")]
     comps: list[dict[str, Any]] = []
     for p in CURES:
-        rs = runs(p)
+        rs = g.runs(p)
         if not rs or not s_cells:
             continue
         d = _diff([_cells_at(r, r.get("last_eval_step")) for _, _, r in rs], s_cells, UNSEEN)
@@ -206,10 +209,31 @@ def verdicts(grid: str, configs: str = "configs/p4g_pitch", overrides: list[str]
     for c, adj in zip(comps, holm([c["p"] for c in comps])):
         c["p_holm"] = adj
         c["supported"] = bool(adj < 0.05)
-    sig["cures_vs_single"] = {"rule": "each cure's final P3/P4 reward minus RL (Single)'s (both seeds), paired "
-                                      "bootstrap over the test personas; two-sided p-values Holm-corrected over the "
-                                      "cures", "comparisons": comps}
-    res["base_unseen"] = base[0][2].get("unseen")
+    return {"rule": "each cure's final P3/P4 reward minus RL (Single)'s (both seeds), paired bootstrap over the test "
+                    "personas; two-sided p-values Holm-corrected over the cures", "comparisons": comps}
+
+
+def verdicts(grid: str, configs: str = "configs/p4g_pitch", overrides: list[str] | None = None,
+             rescore: bool = True, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Every pre-registered signature of docs/p4g_pitch/README.md from the runs in ``grid``: held, not held, or
+    not decidable (a run it needs is missing), with the numbers. ``rescore``: the exploit ablation loads the
+    models and re-scores Single's final pitches with and without the feature they converged on. Writes
+    ``verdicts.json`` and ``verdicts.md`` in ``grid``."""
+    g = _Grid(grid)
+    below, ens = _ends_below(g, "single"), _ends_below(g, "ensemble")
+    sig = {
+        "train_reward_rises": _rise(g),
+        "unseen_below_base": {"rule": "RL (Single)'s final P3/P4 reward minus Base's <= -2 paired s.e. (bootstrap "
+                                      "over the test personas), in both seeds",
+                              "seeds": below, "held": len(below) >= 2 and all(x["below"] for x in below)},
+        "ensemble_not_below": {"rule": "Ensemble's final P3/P4 reward minus Base's is not <= -2 paired s.e.",
+                               "seeds": ens, "held": bool(ens) and not any(x["below"] for x in ens),
+                               "note": "meaningful only where signature 2 held"},
+        "diversity_falls_more": _diversity(g),
+        "sharp_collapses_faster": _sharp(g),
+        "exploit_ablation": _ablation(g, configs, overrides, rescore, log),
+        "cures_vs_single": _cures(g)}
+    res: dict[str, Any] = {"grid": grid, "signatures": sig, "base_unseen": g.base[2].get("unseen")}
     with open(os.path.join(grid, "verdicts.json"), "w") as f:
         json.dump(res, f, indent=1, default=float)
     with open(os.path.join(grid, "verdicts.md"), "w") as f:
