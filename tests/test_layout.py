@@ -1,5 +1,6 @@
 """The house's layout: no import cycle anywhere in scope/ (function-level imports included: a cycle that
-only works because one side imports late is still a cycle), and no module too big to hold in one's head."""
+only works because one side imports late is still a cycle), no module too big to hold in one's head, and no
+function over a hundred lines."""
 import ast
 import os
 
@@ -102,3 +103,26 @@ def test_no_module_is_too_big():
     big = {os.path.relpath(p, ROOT): n for p in modules().values()
            if (n := sum(1 for _ in open(p))) > MAX_LINES and os.path.relpath(p, ROOT) not in DATA_TABLES}
     assert not big, f"modules over {MAX_LINES} lines (split them by job): {big}"
+
+
+MAX_FUNCTION_LINES = 100
+
+
+def long_functions(source: str) -> dict[str, int]:
+    """Every function (nested ones too) longer than MAX_FUNCTION_LINES lines, docstring and body included."""
+    fns = [n for n in ast.walk(ast.parse(source)) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    return {n.name: n.end_lineno - n.lineno + 1 for n in fns if n.end_lineno - n.lineno + 1 > MAX_FUNCTION_LINES}
+
+
+def test_the_function_length_rule_finds_a_long_function():
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
+    assert long_functions(f"def f():\n{body}\n") == {"f": MAX_FUNCTION_LINES + 1}
+    assert long_functions("def g():\n    return 1\n") == {}
+
+
+def test_no_function_is_over_a_hundred_lines():
+    long = {}
+    for p in sorted(modules().values()):
+        for name, n in long_functions(open(p).read()).items():
+            long[f"{os.path.relpath(p, ROOT)}:{name}"] = n
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines (give their steps names of their own): {long}"

@@ -187,109 +187,34 @@ def _decode(model, tokenizer, prompts, sp: SamplingParams, eos_ids, pad_id, gen,
             min_shared: int = 32):
     """Batched sampling. ``reuse[i]`` is None or (cache entry, n): the first n prompt tokens of row i
     are taken from the entry. Returns completions and, per row, (ids covered, per-layer k/v of the
-    ids after the shared prefix, the shared prefix's entry or None) if keep_kv.
-
-    When every row's cache starts with the same shared entry (``_KVEntry.shared``), its first S tokens
-    stay out of the slab: the attention gets them once for all rows (``attention.py``). Layout of each
-    row in the slab: [reused tokens after S, right-aligned at C][prompt rest, right-aligned at C + D]
-    [sampled tokens]; the gaps are masked out and position ids count all real tokens (S included).
+    ids after the shared prefix, the shared prefix's entry or None) if keep_kv. The slab's layout: :class:`_Plan`.
     """
     device = next(model.parameters()).device
     n = len(prompts)
     if min(len(p) for p in prompts) == 0:
         raise ValueError("empty prompt")
-    # rows with the same prompt and the same cached prefix are prefilled once and their key/values copied
-    keys = [(tuple(p), id(r[0]) if r else None, r[1] if r else 0) for p, r in zip(prompts, reuse)]
-    first: dict[Any, int] = {}
-    uniq = [first.setdefault(k, i) for i, k in enumerate(keys)]
-    cached = [r[1] if r else 0 for r in reuse]
-    # a prefix held once for all rows: every row reuses a cache with the same root entry
-    root, S = None, 0
-    if n > 1 and all(r is not None for r in reuse) and model.config._attn_implementation == _attention.NAME:
-        root = reuse[0][0].root
-        if all(r[0].root is root for r in reuse):
-            S = min(min(cached), len(root.ids))
-        if S < min_shared:
-            root, S = None, 0
-    prefix = ({"scope_prefix": [_joined(root.pieces(li, 0, S)) for li in range(len(root.layers))]}
-              if S and root is not None else {})
-    # a row diverges inside the shared entry: the sessions share its first S tokens
-    if S and root is not None and S < len(root.ids):
-        root = _KVEntry(root.ids[:S], [[kv] for kv in prefix["scope_prefix"]], root.adapter, root.version)
-    own = [c - S for c in cached]  # reused tokens that go into each row's slab
-    C = max(own)
-    deltas = [p[c:] for p, c in zip(prompts, cached)]
-    D = max(len(d) for d in deltas)
-    # slab rows in order of the length to prefill, so that each prefill chunk is padded only to its own longest
-    rows = sorted(set(uniq), key=lambda i: (len(deltas[i]), i))
-    row_of = {r: j for j, r in enumerate(rows)}
-    expand = torch.tensor([row_of[u] for u in uniq], device=device)
+    g = _Plan.of(model, prompts, reuse, min_shared, device)
+    C, D, S, own, deltas, rows, root, prefix = g.C, g.D, g.S, g.own, g.deltas, g.rows, g.root, g.prefix
     cap = C + D + sp.max_new_tokens
     cache = _make_cache(_n_layers(model), cap)
-    att = torch.zeros((n, cap), dtype=torch.long, device=device)
-    ids = torch.full((n, D), pad_id, dtype=torch.long)
-    pos = torch.zeros((n, D), dtype=torch.long)
-    for i, d in enumerate(deltas):
-        ids[i, D - len(d):] = torch.tensor(d, dtype=torch.long)
-        pos[i, D - len(d):] = torch.arange(cached[i], cached[i] + len(d))
-        att[i, C - own[i]:C] = 1
-        att[i, C + D - len(d):C + D] = 1
+    ids, pos, att = _slab_inputs(deltas, g.cached, own, C, D, cap, pad_id, device)
     if C > 0:
-        ex = next(r[0] for r in reuse if r is not None).root
-        for li, layer in enumerate(cache.layers):
-            kt0 = ex.layers[li][0][0]
-            layer._alloc(len(rows), kt0.shape[0], kt0.shape[1], kt0.dtype, device, zero=False)
-            for j, i in enumerate(rows):
-                # zeros in the gaps only: the reused tokens, the prompt rest and the sampled tokens
-                # are written before they are read (the columns past them are never read)
-                for x, y in ((0, C - own[i]), (C, C + D - len(deltas[i]))):
-                    if y > x:
-                        layer.slab_kt[j, :, :, x:y] = 0
-                        layer.slab_v[j, :, x:y] = 0
-                if reuse[i] is not None:
-                    at = C - own[i]
-                    for kt, v in reuse[i][0].pieces(li, S, cached[i]):
-                        layer.slab_kt[j, :, :, at:at + kt.shape[-1]] = kt
-                        layer.slab_v[j, :, at:at + kt.shape[-1]] = v
-                        at += kt.shape[-1]
-            layer.n = C
-            layer._views()
-    ids, pos = ids.to(device), pos.to(device)
+        _fill_reused(cache, reuse, rows, own, g.cached, deltas, C, D, S, device)
     eos_t = torch.tensor(eos_ids, device=device)
     out_ids: list[list[int]] = [[] for _ in range(n)]
     out_lp: list[list[float]] = [[] for _ in range(n)]
     reasons = ["length"] * n
     kv: list[Any] = [None] * n
     done = [False] * n      # per batch row: finished, waiting to be dropped at the next compaction
-    stop_window = max((len(s) for s in sp.stop), default=0) + 8
     cur = C + D
     r = torch.tensor(rows, device=device)
-    # the prefill goes in chunks of rows (about PREFILL_CHUNK_TOKENS tokens each): on the CPU one
-    # huge forward is slower, its activations no longer fit in the caches. A chunk covers only the
-    # last w slab positions before C + D, w being its longest delta (the rest is masked padding).
-    parts, s0 = [], 0
-    while s0 < len(rows):
-        s1 = s0 + 1
-        while s1 < len(rows) and (s1 + 1 - s0) * len(deltas[rows[s1]]) <= PREFILL_CHUNK_TOKENS:
-            s1 += 1
-        rr, w = r[s0:s1], len(deltas[rows[s1 - 1]])
-        for layer in cache.layers:
-            layer.total_rows, layer.rows, layer.n = len(rows), slice(s0, s1), C + D - w
-            if layer.slab_kt is not None:
-                layer._views()
-        parts.append(model(input_ids=ids[rr, D - w:], attention_mask=att[rr, :cur], position_ids=pos[rr, D - w:],
-                           **{_cache_kw(model): cache}, use_cache=True, logits_to_keep=1, **prefix).logits[:, -1, :])
-        s0 = s1
-    for layer in cache.layers:
-        layer.rows, layer.n = slice(None), cur
-        layer._views()
-    logits = torch.cat(parts) if len(parts) > 1 else parts[0]
+    logits = _prefill(model, cache, rows, deltas, r, ids, att, pos, D, cur, prefix)
     restartable = sp.restart_fn is not None and sp.max_restarts > 0
-    first_logits = logits[expand] if restartable else None  # by original row
+    first_logits = logits[g.expand] if restartable else None  # by original row
     batch = list(range(n))  # original row index of each batch row
     if len(rows) < n:  # copies of a deduplicated prompt get their own cache rows
-        cache.batch_select_indices(expand)
-        logits = logits[expand]
+        cache.batch_select_indices(g.expand)
+        logits = logits[g.expand]
     else:  # the batch keeps the slab's order (by prefill length): no copy of the cache
         batch, att, pos = list(rows), att[r], pos[r]
     next_pos = pos[:, -1] + 1
@@ -297,11 +222,13 @@ def _decode(model, tokenizer, prompts, sp: SamplingParams, eos_ids, pad_id, gen,
     discarded: list[list[str]] = [[] for _ in range(n)]
     ends = [cur] * n  # the slab column where each row's cache ends (all but its last sampled token)
 
-    def ids_kept(orig):
-        return list(prompts[orig]) + out_ids[orig][:-1]
-
-    def spans(orig):  # the slab columns that hold this row's tokens after the shared prefix
-        return [(a, b) for a, b in ((C - own[orig], C), (C + D - len(deltas[orig]), ends[orig])) if b > a]
+    def keep_rows(bs: list[int], copy: bool) -> None:
+        """Batch rows ``bs``' caches for their sessions: the ids they cover (all but the last sampled token),
+        their key/values at the slab columns that hold their tokens after the shared prefix."""
+        for b in bs:
+            o = batch[b]
+            spans = [(x, y) for x, y in ((C - own[o], C), (C + D - len(deltas[o]), ends[o])) if y > x]
+            kv[o] = (list(prompts[o]) + out_ids[o][:-1], _row_kv(cache, att, b, spans, restarts[o] > 0, copy), root)
     for step in range(sp.max_new_tokens):
         tok, lp = _sample(logits.float(), sp, gen)
         tok_l, lp_l = tok.tolist(), lp.tolist()
@@ -312,15 +239,9 @@ def _decode(model, tokenizer, prompts, sp: SamplingParams, eos_ids, pad_id, gen,
                 continue
             out_ids[orig].append(tok_l[b])
             out_lp[orig].append(lp_l[b])
-            # the text so far, decoded once per step for the callbacks that look at it
-            text = (tokenizer.decode(out_ids[orig], skip_special_tokens=True)
-                    if (restartable or sp.stop_fn is not None) and not finished[b] else "")
-            if finished[b]:
-                reasons[orig] = "eos"
-            elif sp.stop and any(s in tokenizer.decode(out_ids[orig][-stop_window:]) for s in sp.stop):
-                reasons[orig] = "stop"
-            elif (restartable and sp.restart_fn is not None and not last and restarts[orig] < sp.max_restarts
-                  and sp.restart_fn(text)):
+            event, text = _row_event(sp, tokenizer, out_ids[orig], finished[b], last,
+                                     restartable and restarts[orig] < sp.max_restarts)
+            if event == "restart":
                 # start this row over from its prompt: mask out what it generated, sample a new first token
                 assert first_logits is not None  # kept for a restartable call
                 discarded[orig].append(text)
@@ -331,10 +252,10 @@ def _decode(model, tokenizer, prompts, sp: SamplingParams, eos_ids, pad_id, gen,
                 att[b, C + D:cur] = 0
                 next_pos[b] = len(prompts[orig])
                 continue
-            elif sp.stop_fn is not None and sp.stop_fn(text):
-                reasons[orig] = "stop"
-            elif not last:
+            if event is None:
                 continue
+            if event != "length":
+                reasons[orig] = event
             done[b], ends[orig] = True, cur
         n_done = sum(done)
         if n_done == len(batch):
@@ -343,20 +264,13 @@ def _decode(model, tokenizer, prompts, sp: SamplingParams, eos_ids, pad_id, gen,
         # them, one row copy per hole (about what a finished row would cost in one more step)
         if n_done:
             if keep_kv:  # the finished rows leave the slab: copy what their caches cover
-                for b, orig in enumerate(batch):
-                    if done[b]:
-                        kv[orig] = (ids_kept(orig), _row_kv(cache, att, b, spans(orig), restarts[orig] > 0, True), root)
-            k = len(batch) - n_done
-            holes = [j for j in range(k) if done[j]]                     # finished rows among the first k
-            movers = [b for b in range(k, len(batch)) if not done[b]]    # live rows after them, as many
-            order = list(range(k))
-            for h, m in zip(holes, movers):
-                order[h] = m
+                keep_rows([b for b in range(len(batch)) if done[b]], True)
+            order = _compaction(done)
             for layer in cache.layers:
                 layer.keep_rows(order, cur)
             kt = torch.tensor(order, device=device)
             att, tok, next_pos = att[kt], tok[kt], next_pos[kt]
-            batch, done = [batch[b] for b in order], [False] * k
+            batch, done = [batch[b] for b in order], [False] * len(order)
         att[:, cur] = 1
         cur += 1
         logits = model(input_ids=tok[:, None], attention_mask=att[:, :cur], position_ids=next_pos[:, None],
@@ -364,13 +278,164 @@ def _decode(model, tokenizer, prompts, sp: SamplingParams, eos_ids, pad_id, gen,
         next_pos = next_pos + 1
     if keep_kv:  # the rows still in the slab keep views of it (the slab lives as long as their sessions),
         # or copies where they fill less than half of it (compaction leaves the slab its first size)
-        copy = 2 * len(batch) <= cache.layers[0].rows_held
-        for b, orig in enumerate(batch):
-            kv[orig] = (ids_kept(orig), _row_kv(cache, att, b, spans(orig), restarts[orig] > 0, copy), root)
+        keep_rows(list(range(len(batch))), 2 * len(batch) <= cache.layers[0].rows_held)
     outs = [Completion(text=tokenizer.decode(out_ids[i], skip_special_tokens=True), token_ids=out_ids[i],
                        logprobs=out_lp[i], finish_reason=reasons[i], discarded=discarded[i],
                        discarded_tokens=dropped[i]) for i in range(n)]
     return outs, kv
+
+
+def _shared_prefix(model, reuse, cached: list[int], min_shared: int):
+    """A prefix held once for all rows (every row reuses a cache with the same root entry, at least
+    ``min_shared`` tokens of it): (root entry, its length S, the attention's ``scope_prefix`` argument), or
+    (None, 0, {})."""
+    root, S = None, 0
+    if len(reuse) > 1 and all(r is not None for r in reuse) and model.config._attn_implementation == _attention.NAME:
+        root = reuse[0][0].root
+        if all(r[0].root is root for r in reuse):
+            S = min(min(cached), len(root.ids))
+        if S < min_shared:
+            root, S = None, 0
+    prefix = ({"scope_prefix": [_joined(root.pieces(li, 0, S)) for li in range(len(root.layers))]}
+              if S and root is not None else {})
+    # a row diverges inside the shared entry: the sessions share its first S tokens
+    if S and root is not None and S < len(root.ids):
+        root = _KVEntry(root.ids[:S], [[kv] for kv in prefix["scope_prefix"]], root.adapter, root.version)
+    return root, S, prefix
+
+
+def _fill_reused(cache, reuse, rows, own, cached, deltas, C: int, D: int, S: int, device) -> None:
+    """Each slab row's reused key/values (after the shared prefix), right-aligned at column C."""
+    ex = next(r[0] for r in reuse if r is not None).root
+    for li, layer in enumerate(cache.layers):
+        kt0 = ex.layers[li][0][0]
+        layer._alloc(len(rows), kt0.shape[0], kt0.shape[1], kt0.dtype, device, zero=False)
+        for j, i in enumerate(rows):
+            # zeros in the gaps only: the reused tokens, the prompt rest and the sampled tokens
+            # are written before they are read (the columns past them are never read)
+            for x, y in ((0, C - own[i]), (C, C + D - len(deltas[i]))):
+                if y > x:
+                    layer.slab_kt[j, :, :, x:y] = 0
+                    layer.slab_v[j, :, x:y] = 0
+            if reuse[i] is not None:
+                at = C - own[i]
+                for kt, v in reuse[i][0].pieces(li, S, cached[i]):
+                    layer.slab_kt[j, :, :, at:at + kt.shape[-1]] = kt
+                    layer.slab_v[j, :, at:at + kt.shape[-1]] = v
+                    at += kt.shape[-1]
+        layer.n = C
+        layer._views()
+
+
+def _prefill(model, cache, rows, deltas, r, ids, att, pos, D: int, cur: int, prefix):
+    """The prompts' last logits, one per slab row. The prefill goes in chunks of rows (about
+    PREFILL_CHUNK_TOKENS tokens each): on the CPU one huge forward is slower, its activations no longer fit
+    in the caches. A chunk covers only the last w slab positions before ``cur`` (= C + D), w being its
+    longest delta (the rest is masked padding)."""
+    parts, s0 = [], 0
+    while s0 < len(rows):
+        s1 = s0 + 1
+        while s1 < len(rows) and (s1 + 1 - s0) * len(deltas[rows[s1]]) <= PREFILL_CHUNK_TOKENS:
+            s1 += 1
+        rr, w = r[s0:s1], len(deltas[rows[s1 - 1]])
+        for layer in cache.layers:
+            layer.total_rows, layer.rows, layer.n = len(rows), slice(s0, s1), cur - w
+            if layer.slab_kt is not None:
+                layer._views()
+        parts.append(model(input_ids=ids[rr, D - w:], attention_mask=att[rr, :cur], position_ids=pos[rr, D - w:],
+                           **{_cache_kw(model): cache}, use_cache=True, logits_to_keep=1, **prefix).logits[:, -1, :])
+        s0 = s1
+    for layer in cache.layers:
+        layer.rows, layer.n = slice(None), cur
+        layer._views()
+    return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+
+def _compaction(done: list[bool]) -> list[int]:
+    """The batch rows to keep, in their new order: the live rows past the first k (k = live rows) fill the
+    holes the finished rows leave among the first k, one row copy per hole."""
+    k = len(done) - sum(done)
+    holes = [j for j in range(k) if done[j]]                     # finished rows among the first k
+    movers = [b for b in range(k, len(done)) if not done[b]]    # live rows after them, as many
+    order = list(range(k))
+    for h, m in zip(holes, movers):
+        order[h] = m
+    return order
+
+
+@dataclass
+class _Plan:
+    """Where each row's tokens go in the slab. When every row's cache starts with the same shared entry
+    (``_KVEntry.shared``), its first S tokens stay out of the slab: the attention gets them once for all rows
+    (``attention.py``, through ``prefix``). Each row in the slab: [reused tokens after S, right-aligned at
+    C][prompt rest, right-aligned at C + D][sampled tokens]; the gaps are masked out and position ids count
+    all real tokens (S included). Rows with the same prompt and cached prefix share one slab row (``uniq``,
+    ``expand``); slab rows go in order of the length to prefill, so that each prefill chunk is padded only
+    to its own longest."""
+    cached: list[int]     # per row: prompt tokens taken from its cache entry
+    root: Any             # the shared entry (or None)
+    S: int
+    prefix: dict[str, Any]
+    own: list[int]        # per row: reused tokens that go into its slab row
+    C: int
+    deltas: list[Any]     # per row: the prompt tokens to prefill
+    D: int
+    rows: list[int]       # the slab's rows (a first row of each set of same rows), by prefill length
+    expand: torch.Tensor  # per row: its slab row
+
+    @classmethod
+    def of(cls, model, prompts, reuse, min_shared: int, device) -> "_Plan":
+        uniq = _first_of_same(prompts, reuse)
+        cached = [r[1] if r else 0 for r in reuse]
+        root, S, prefix = _shared_prefix(model, reuse, cached, min_shared)
+        own = [c - S for c in cached]
+        deltas = [p[c:] for p, c in zip(prompts, cached)]
+        rows = sorted(set(uniq), key=lambda i: (len(deltas[i]), i))
+        row_of = {r: j for j, r in enumerate(rows)}
+        return cls(cached, root, S, prefix, own, max(own), deltas, max(len(d) for d in deltas), rows,
+                   torch.tensor([row_of[u] for u in uniq], device=device))
+
+
+def _first_of_same(prompts, reuse) -> list[int]:
+    """Per row, the first row with the same prompt and the same cached prefix: such rows are prefilled once
+    and their key/values copied."""
+    keys = [(tuple(p), id(r[0]) if r else None, r[1] if r else 0) for p, r in zip(prompts, reuse)]
+    first: dict[Any, int] = {}
+    return [first.setdefault(k, i) for i, k in enumerate(keys)]
+
+
+def _slab_inputs(deltas, cached, own, C: int, D: int, cap: int, pad_id: int, device):
+    """The prefill's input ids and position ids (each row's prompt rest, right-aligned at C + D) and the
+    attention mask over the slab's columns (its reused tokens before C, its prompt rest before C + D)."""
+    n = len(deltas)
+    att = torch.zeros((n, cap), dtype=torch.long, device=device)
+    ids = torch.full((n, D), pad_id, dtype=torch.long)
+    pos = torch.zeros((n, D), dtype=torch.long)
+    for i, d in enumerate(deltas):
+        ids[i, D - len(d):] = torch.tensor(d, dtype=torch.long)
+        pos[i, D - len(d):] = torch.arange(cached[i], cached[i] + len(d))
+        att[i, C - own[i]:C] = 1
+        att[i, C + D - len(d):C + D] = 1
+    return ids.to(device), pos.to(device), att
+
+
+def _row_event(sp: SamplingParams, tokenizer, ids: list[int], finished: bool, last: bool,
+               may_restart: bool) -> tuple[str | None, str]:
+    """What a row's newest token means, and the text so far (decoded once per step, only for the callbacks
+    that look at it): "eos", "stop" (a stop string, or ``stop_fn``), "restart" (``restart_fn`` asks to start
+    over; never at the last step), "length" (the last step) or None (go on)."""
+    text = (tokenizer.decode(ids, skip_special_tokens=True)
+            if (may_restart or sp.stop_fn is not None) and not finished else "")
+    if finished:
+        return "eos", text
+    # a stop string is looked for in the last tokens' text only (8 tokens more than the longest stop string)
+    if sp.stop and any(s in tokenizer.decode(ids[-(max(len(x) for x in sp.stop) + 8):]) for s in sp.stop):
+        return "stop", text
+    if may_restart and sp.restart_fn is not None and not last and sp.restart_fn(text):
+        return "restart", text
+    if sp.stop_fn is not None and sp.stop_fn(text):
+        return "stop", text
+    return ("length" if last else None), text
 
 
 def _row_kv(cache, att, b: int, spans, restarted: bool, copy: bool):

@@ -192,22 +192,7 @@ def make_app(backend: LocalBackend, model_name: str = "scope", fail_rate: float 
         except OverflowError:
             return error(413, f"request body over {max_body_bytes} bytes")
         try:
-            try:
-                body = json.loads(raw or b"{}", parse_constant=_no_constant)
-            except RecursionError:
-                raise BadRequest("the body is nested too deeply") from None
-            if not isinstance(body, dict):
-                raise BadRequest("the body must be a JSON object")
-            msgs = body.get("messages")
-            if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) and "role" in m for m in msgs):
-                raise BadRequest("messages must be a non-empty list of {role, content}")
-            sp = _sampling(body)
-            if _integer(body, "n", 1) != 1:
-                raise BadRequest("only n=1 is supported")
-            stream = body.get("stream", False)
-            if not isinstance(stream, bool):
-                raise BadRequest("stream must be true or false")
-            msgs = [{"role": str(m["role"]), "content": str(m.get("content") or "")} for m in msgs]
+            body, msgs, sp, stream = _chat_request(raw)
             n_bytes = sum(len(m["content"].encode("utf-8", "surrogatepass")) for m in msgs)
             if n_bytes > max_prompt_bytes:
                 raise BadRequest(f"the prompt ({n_bytes} bytes) cannot fit the model's context ({ctx} tokens)")
@@ -225,7 +210,8 @@ def make_app(backend: LocalBackend, model_name: str = "scope", fail_rate: float 
         if fail:
             return error(503, "injected failure", "server_error")
         if stream:
-            return StreamingResponse(_stream(prompt, sp, body.get("model", model_name)), media_type="text/event-stream")
+            return StreamingResponse(_stream(batcher, prompt, sp, body.get("model", model_name)),
+                                     media_type="text/event-stream")
         try:
             c = await asyncio.wrap_future(batcher.submit(prompt, sp))
         except Exception as e:  # noqa: BLE001
@@ -238,43 +224,66 @@ def make_app(backend: LocalBackend, model_name: str = "scope", fail_rate: float 
             "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(c.token_ids),
                       "total_tokens": len(prompt) + len(c.token_ids)}}
 
-    async def _stream(prompt: list[int], sp: SamplingParams, model: str):
-        """OpenAI's streaming format: one ``chat.completion.chunk`` per new piece of text as it is generated
-        (the tail that could still become a stop string is held back), then the finish reason and [DONE]."""
-        loop = asyncio.get_running_loop()
-        q: asyncio.Queue = asyncio.Queue()
-        fut = batcher.submit_streaming(prompt, sp, lambda text: loop.call_soon_threadsafe(q.put_nowait, text))
-        fut.add_done_callback(lambda _: loop.call_soon_threadsafe(q.put_nowait, None))
-        cid, created = f"chatcmpl-{uuid.uuid4().hex[:16]}", int(time.time())
-        hold = max((len(x) for x in sp.stop), default=0)
-
-        def chunk(delta: dict, finish: str | None = None) -> str:
-            return "data: " + json.dumps({"id": cid, "object": "chat.completion.chunk", "created": created,
-                                          "model": model, "choices": [{"index": 0, "delta": delta,
-                                                                       "finish_reason": finish}]}) + "\n\n"
-
-        yield chunk({"role": "assistant", "content": ""})
-        sent = 0
-        while True:
-            text = await q.get()
-            if text is None:
-                break
-            upto = max(sent, len(text) - hold)
-            if upto > sent:
-                yield chunk({"content": text[sent:upto]})
-                sent = upto
-        try:
-            c = fut.result()
-        except Exception as e:  # noqa: BLE001 - the stream has begun: the error is its last event
-            yield "data: " + json.dumps({"error": {"message": f"generation failed: {type(e).__name__}: {e}",
-                                                   "type": "server_error"}}) + "\n\n"
-            return
-        if len(c.text) > sent:
-            yield chunk({"content": c.text[sent:]})
-        yield chunk({}, "length" if c.finish_reason == "length" else "stop")
-        yield "data: [DONE]\n\n"
-
     return app
+
+
+def _chat_request(raw: bytes) -> tuple[dict[str, Any], list[dict[str, str]], SamplingParams, bool]:
+    """A chat-completions body read and checked: the body, its messages as plain strings, the sampling settings
+    and whether to stream. Anything malformed is a :class:`BadRequest` naming what is wrong."""
+    try:
+        body = json.loads(raw or b"{}", parse_constant=_no_constant)
+    except RecursionError:
+        raise BadRequest("the body is nested too deeply") from None
+    if not isinstance(body, dict):
+        raise BadRequest("the body must be a JSON object")
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) and "role" in m for m in msgs):
+        raise BadRequest("messages must be a non-empty list of {role, content}")
+    sp = _sampling(body)
+    if _integer(body, "n", 1) != 1:
+        raise BadRequest("only n=1 is supported")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise BadRequest("stream must be true or false")
+    return body, [{"role": str(m["role"]), "content": str(m.get("content") or "")} for m in msgs], sp, stream
+
+
+
+async def _stream(batcher: Batcher, prompt: list[int], sp: SamplingParams, model: str):
+    """OpenAI's streaming format: one ``chat.completion.chunk`` per new piece of text as it is generated
+    (the tail that could still become a stop string is held back), then the finish reason and [DONE]."""
+    loop = asyncio.get_running_loop()
+    q: asyncio.Queue = asyncio.Queue()
+    fut = batcher.submit_streaming(prompt, sp, lambda text: loop.call_soon_threadsafe(q.put_nowait, text))
+    fut.add_done_callback(lambda _: loop.call_soon_threadsafe(q.put_nowait, None))
+    cid, created = f"chatcmpl-{uuid.uuid4().hex[:16]}", int(time.time())
+    hold = max((len(x) for x in sp.stop), default=0)
+
+    def chunk(delta: dict, finish: str | None = None) -> str:
+        return "data: " + json.dumps({"id": cid, "object": "chat.completion.chunk", "created": created,
+                                      "model": model, "choices": [{"index": 0, "delta": delta,
+                                                                   "finish_reason": finish}]}) + "\n\n"
+
+    yield chunk({"role": "assistant", "content": ""})
+    sent = 0
+    while True:
+        text = await q.get()
+        if text is None:
+            break
+        upto = max(sent, len(text) - hold)
+        if upto > sent:
+            yield chunk({"content": text[sent:upto]})
+            sent = upto
+    try:
+        c = fut.result()
+    except Exception as e:  # noqa: BLE001 - the stream has begun: the error is its last event
+        yield "data: " + json.dumps({"error": {"message": f"generation failed: {type(e).__name__}: {e}",
+                                               "type": "server_error"}}) + "\n\n"
+        return
+    if len(c.text) > sent:
+        yield chunk({"content": c.text[sent:]})
+    yield chunk({}, "length" if c.finish_reason == "length" else "stop")
+    yield "data: [DONE]\n\n"
 
 
 def check_bind(host: str, api_key: str | None) -> None:

@@ -14,7 +14,7 @@ import hmac
 import json
 import os
 import re
-from typing import Any
+from typing import Any, AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
@@ -28,45 +28,59 @@ _ID = re.compile(ID_PATTERN)
 
 
 def make_app(service: StudyService, admin_token: str | None = None) -> FastAPI:
+    """The app: a body-size and header guard, StudyError as JSON, the participant routes and the admin ones."""
     app = FastAPI(title="scope study", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.service = service
     cap = service.cfg.study.max_body_bytes
-    with open(PAGE) as f:
-        page = f.read()
-
-    def error(code: int, msg: str) -> JSONResponse:
-        return JSONResponse({"error": msg}, status_code=code)
 
     @app.middleware("http")
     async def guard(request: Request, call_next):
         n = request.headers.get("content-length")
         if n is not None and (not n.isdigit() or int(n) > cap):
-            return error(413, f"request body over {cap} bytes")
+            return _error(413, f"request body over {cap} bytes")
         response = await call_next(request)
         response.headers["Cache-Control"] = "no-store"
         response.headers["X-Content-Type-Options"] = "nosniff"
         return response
 
-    async def body(request: Request) -> dict[str, Any]:
-        data = bytearray()
-        async for chunk in request.stream():
-            data += chunk
-            if len(data) > cap:
-                raise StudyError(413, f"request body over {cap} bytes")
-        try:
-            obj = json.loads(data or b"{}")
-        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
-            raise StudyError(400, "the body is not JSON") from None
-        if not isinstance(obj, dict):
-            raise StudyError(400, "the body must be a JSON object")
-        return obj
+    @app.exception_handler(StudyError)
+    async def _study_error(request: Request, e: StudyError):
+        return _error(e.status, e.message)
+
+    _participant_routes(app, service)
+    _admin_routes(app, service, admin_token)
+    return app
+
+
+def _error(code: int, msg: str) -> JSONResponse:
+    return JSONResponse({"error": msg}, status_code=code)
+
+
+async def _body(request: Request, cap: int) -> dict[str, Any]:
+    """The request's JSON object, read up to ``cap`` bytes (a longer body is a 413 whatever its header says)."""
+    data = bytearray()
+    async for chunk in request.stream():
+        data += chunk
+        if len(data) > cap:
+            raise StudyError(413, f"request body over {cap} bytes")
+    try:
+        obj = json.loads(data or b"{}")
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+        raise StudyError(400, "the body is not JSON") from None
+    if not isinstance(obj, dict):
+        raise StudyError(400, "the body must be a JSON object")
+    return obj
+
+
+def _participant_routes(app: FastAPI, service: StudyService) -> None:
+    from starlette.concurrency import run_in_threadpool
+
+    cap = service.cfg.study.max_body_bytes
+    with open(PAGE) as f:
+        page = f.read()
 
     def owned(request: Request, sid: str) -> store.StudySession:
         return service.check_owner(sid, request.headers.get("x-session-token"))
-
-    @app.exception_handler(StudyError)
-    async def _study_error(request: Request, e: StudyError):
-        return error(e.status, e.message)
 
     @app.get("/", response_class=HTMLResponse)
     def index():
@@ -79,13 +93,11 @@ def make_app(service: StudyService, admin_token: str | None = None) -> FastAPI:
 
     @app.post("/api/start")
     async def start(request: Request):
-        b = await body(request)
+        b = await _body(request, cap)
         ids: list[Any] = [b.get("participant_id"), b.get("study_id"), b.get("session_id")]
         if not all(isinstance(x, str) and _ID.match(x) for x in ids):
             raise StudyError(400, "participant_id, study_id and session_id are required (letters, digits, "
                                   "'_', '.', '-'; at most 64)")
-        from starlette.concurrency import run_in_threadpool
-
         sess = await run_in_threadpool(service.start, *ids)
         await run_in_threadpool(service.catch_up, sess)  # P4G: the agent writes first
         return {"token": service.token(sess.id)} | await run_in_threadpool(service.state, sess)
@@ -98,10 +110,8 @@ def make_app(service: StudyService, admin_token: str | None = None) -> FastAPI:
 
     @app.post("/api/session/{sid}/message")
     async def message(sid: str, request: Request):
-        from starlette.concurrency import run_in_threadpool
-
         sess = owned(request, sid)
-        b = await body(request)
+        b = await _body(request, cap)
         if not isinstance(b.get("text"), str):
             raise StudyError(400, "text is required")
         text = service.check_message(b["text"])  # a bad message is a 4xx before the stream begins
@@ -111,34 +121,7 @@ def make_app(service: StudyService, admin_token: str | None = None) -> FastAPI:
             events = await run_in_threadpool(service.end, sess)
             return StreamingResponse(iter([sse(ev) for ev in events] + [sse({"type": "done"})]),
                                      media_type="text/event-stream")
-        loop = asyncio.get_running_loop()
-        q: asyncio.Queue = asyncio.Queue()
-
-        def emit(ev: dict | None) -> None:  # from the worker thread, as each event happens (None: the end)
-            loop.call_soon_threadsafe(q.put_nowait, ev)
-
-        def work() -> None:
-            try:
-                service.message(sess, text, emit=emit)  # each turn is stored whole when it ends
-            except StudyError as e:
-                emit({"type": "error", "status": e.status, "message": e.message})
-            except Exception as e:  # noqa: BLE001 - the stream has begun: the error is its last event
-                emit({"type": "error", "status": 500, "message": f"{type(e).__name__}: {e}"})
-            finally:
-                emit(None)
-
-        task = loop.run_in_executor(None, work)
-
-        async def stream():
-            while True:
-                ev = await q.get()
-                if ev is None:
-                    break
-                yield sse(ev)
-            await task
-            yield sse({"type": "done"})
-
-        return StreamingResponse(stream(), media_type="text/event-stream")
+        return StreamingResponse(_reply_stream(service, sess, text), media_type="text/event-stream")
 
     @app.post("/api/session/{sid}/end")
     def end(sid: str, request: Request):
@@ -148,13 +131,45 @@ def make_app(service: StudyService, admin_token: str | None = None) -> FastAPI:
 
     @app.post("/api/session/{sid}/survey")
     async def survey(sid: str, request: Request):
-        from starlette.concurrency import run_in_threadpool
-
         sess = owned(request, sid)
-        b = await body(request)
+        b = await _body(request, cap)
         return await run_in_threadpool(service.survey, sess, b.get("answers"), b.get("free_text"))
 
-    # ---- admin ---------------------------------------------------------------------------------------
+
+def _reply_stream(service: StudyService, sess: store.StudySession, text: str) -> AsyncIterator[str]:
+    """The agent's turn as server-sent events, each sent as it happens in a worker thread (started now, on the
+    event loop, whether or not the stream is read); an error after the stream has begun is its last event."""
+    loop = asyncio.get_running_loop()
+    q: asyncio.Queue = asyncio.Queue()
+
+    def emit(ev: dict | None) -> None:  # from the worker thread, as each event happens (None: the end)
+        loop.call_soon_threadsafe(q.put_nowait, ev)
+
+    def work() -> None:
+        try:
+            service.message(sess, text, emit=emit)  # each turn is stored whole when it ends
+        except StudyError as e:
+            emit({"type": "error", "status": e.status, "message": e.message})
+        except Exception as e:  # noqa: BLE001 - the stream has begun: the error is its last event
+            emit({"type": "error", "status": 500, "message": f"{type(e).__name__}: {e}"})
+        finally:
+            emit(None)
+
+    task = loop.run_in_executor(None, work)
+
+    async def stream() -> AsyncIterator[str]:
+        while True:
+            ev = await q.get()
+            if ev is None:
+                break
+            yield sse(ev)
+        await task
+        yield sse({"type": "done"})
+
+    return stream()
+
+
+def _admin_routes(app: FastAPI, service: StudyService, admin_token: str | None) -> None:
     def admin(request: Request) -> None:
         got = request.headers.get("authorization", "")
         if not admin_token or not hmac.compare_digest(got.encode(), f"Bearer {admin_token}".encode()):
@@ -172,8 +187,6 @@ def make_app(service: StudyService, admin_token: str | None = None) -> FastAPI:
         if table not in store.EXPORTS:
             raise StudyError(404, f"no table {table!r}; have {sorted(store.EXPORTS)}")
         return Response(store.csv_text(service.engine, table), media_type="text/csv")
-
-    return app
 
 
 def sse(obj: dict) -> str:
