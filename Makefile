@@ -66,6 +66,7 @@ lint: install
 	$(PY) -m pip install -q -e '.[lint]'
 	$(VENV)/bin/ruff check scope tests tools benchmarks
 	$(VENV)/bin/mypy scope
+	$(PY) -m scope.configdoc --check
 
 # The lab end to end (builds its models, runs `scope lab --quick`, checks the collapse signatures).
 test-lab: install

@@ -13,14 +13,19 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)  # no inf/nan values
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False,  # no inf/nan values
+                              use_attribute_docstrings=True)  # a field's docstring is its description (docs/configs.md)
 
 
 class LoraConfig(Strict):
     r: int = Field(default=16, ge=1)
+    """The adapter's rank."""
     alpha: int = Field(default=32, ge=1)
+    """LoRA's scaling numerator (the update is scaled by alpha / r)."""
     dropout: float = Field(default=0.0, ge=0, lt=1)
+    """Dropout on the adapter's input during training."""
     target_modules: str | list[str] = "all-linear"
+    """The modules that get an adapter: "all-linear" or a list of module names."""
     top_layers: int | None = Field(default=None, ge=1)
     """LoRA on the top N transformer layers only (None: every layer). The backward pass then stops below
     the lowest of them, which cuts an update's cost on a CPU (long contexts, few trained tokens)."""
@@ -35,12 +40,14 @@ class VLLMOptions(Strict):
     max_loras: int = Field(default=8, ge=1)
     """Adapters the engine holds at once: the trainable roles, the pool members and one version in swap."""
     max_model_len: int = Field(default=4096, ge=64)
+    """The engine's context length (prompt and reply)."""
     extra_args: list[str] = []
     """More ``vllm.entrypoints.openai.api_server`` flags (e.g. ``--block-size 32``,
     ``--gpu-memory-utilization 0.4``, ``--tensor-parallel-size 2``)."""
     python: str | None = None
     """The interpreter that has vLLM installed (default: this one)."""
     start_timeout: float = Field(default=600.0, gt=0)
+    """Seconds to wait for a started engine to answer."""
     kv_cache_gib: float = Field(default=2.0, gt=0)
     """CPU builds: the engine's KV cache (``VLLM_CPU_KVCACHE_SPACE``)."""
     env: dict[str, str] = {}
@@ -55,6 +62,7 @@ class ModelConfig(Strict):
     path: str = "smollm2-135m"
     """local: an embedded model name (smollm2-135m), tiny-random, or a transformers checkpoint directory."""
     finetune: Literal["lora", "full"] = "lora"
+    """What a trainable role trains: a LoRA adapter on the shared base, or every weight."""
     lora: LoraConfig = LoraConfig()
     device: str = "auto"
     """auto (cuda if present, else cpu) | cpu | cuda | cuda:<i>."""
@@ -71,12 +79,19 @@ class ModelConfig(Strict):
     weights share one base in memory, each adapter on it."""
     # backend: openai
     base_url: str | None = None
+    """openai: the endpoint (e.g. http://127.0.0.1:8000/v1)."""
     model_name: str | None = None
+    """openai: the model name sent with each request."""
     api_key_env: str | None = "OPENAI_API_KEY"
+    """openai: the environment variable holding the API key."""
     timeout: float = Field(default=60.0, gt=0)
+    """openai: seconds a request may take."""
     concurrency: int = Field(default=8, ge=1)
+    """openai: requests in flight at once."""
     max_retries: int = Field(default=4, ge=0)
+    """openai: retries of a failed request (429, 5xx, a timeout), with exponential backoff."""
     backoff: float = Field(default=0.5, ge=0)
+    """openai: the first retry's wait in seconds (doubled each retry)."""
     json_schema: bool = False
     """The endpoint accepts ``response_format`` with a JSON schema (used by Verbalized Sampling)."""
     max_tokens: int = Field(default=4096, ge=1)
@@ -105,9 +120,13 @@ class ModelConfig(Strict):
 
 class VSConfig(Strict):
     k: int = Field(default=5, ge=1, le=20)
+    """Candidates the model verbalizes per reply, with their probabilities."""
     method: Literal["prob", "random"] = "prob"
+    """prob: draw a candidate by its verbalized probability; random: uniformly."""
     max_reasks: int = Field(default=2, ge=0)
+    """Asks again when the answer does not parse, then falls back to a plain reply (counted)."""
     max_new_tokens: int = Field(default=400, ge=16)
+    """Tokens for the whole verbalized answer (every candidate)."""
     max_words: int | Literal["auto"] | None = "auto"
     """The length guide in the request ("Keep each reply under N words."), as the Verbalized Sampling
     prompts give one: "auto" is 3/4 of the partner's plain ``max_new_tokens`` (about a word per 4/3
@@ -122,10 +141,15 @@ class PartnerSpec(Strict):
     id: str | None = None
     """The id recorded in rollouts (default: model name, plus 'vs' for Verbalized Sampling)."""
     temperature: float = Field(default=0.7, ge=0)
+    """Sampling temperature (0: greedy)."""
     top_p: float = Field(default=1.0, gt=0, le=1)
+    """Nucleus sampling: the smallest set of tokens with this much probability."""
     max_new_tokens: int = Field(default=128, ge=1)
+    """The longest reply, in tokens; a reply cut there is "truncated" (see rollout.end_on_truncation)."""
     stop: list[str] = []
+    """Strings that end a reply (the string is kept)."""
     decoding: Literal["plain", "vs"] = "plain"
+    """plain: one sample; vs: Verbalized Sampling (k candidates with probabilities, one drawn)."""
     vs: VSConfig = VSConfig()
     note: str = ""
     """Text appended to this role's system prompt (a style or persona instruction)."""
@@ -143,6 +167,7 @@ class PoolConfig(Strict):
 
 class RoleConfig(PartnerSpec):
     trainable: bool = False
+    """This role is trained (GRPO on its own tokens, its own adapter or weights)."""
     reward: str = "env"
     """partner: env (the environment's reward), cooperative, adversarial, curriculum, or a registered name."""
     baseline: Literal["auto", "group", "step"] = "auto"
@@ -162,6 +187,7 @@ class RoleConfig(PartnerSpec):
     persona drawn per rollout from ``personas``; pool: a snapshot drawn per rollout from a FIFO pool of
     this trainable role's adapter (Population Co-Training)."""
     rotation: list[PartnerSpec] = []
+    """rotation: the partner specs cycled through (one per task group)."""
     group_shared: bool = True
     """rotation/persona: the G rollouts of one task share one partner (homogeneous groups)."""
     personas: str = "builtin"
@@ -189,8 +215,11 @@ class RoleConfig(PartnerSpec):
 
 class EnvConfig(Strict):
     name: str = "p4g"
+    """The environment: p4g, p4g_pitch, tau2_retail, tau2_airline, coop_coding, lab, koth, or a registered one."""
     train_split: str = "train"
+    """The task split training draws from."""
     eval_split: str = "test"
+    """The task split held-out evaluation plays."""
     options: dict[str, Any] = {}
     """Keyword options of the environment (e.g. p4g: max_turns, personas, split_seed, test_fraction)."""
     judge: PartnerSpec | None = None
@@ -200,8 +229,11 @@ class EnvConfig(Strict):
 
 class RolloutConfig(Strict):
     n_tasks: int = Field(default=16, ge=1)
+    """Tasks per training step."""
     group_size: int = Field(default=8, ge=1)
+    """G: rollouts per task (GRPO's group)."""
     max_context: int = Field(default=4096, ge=64)
+    """The longest prompt plus reply, in tokens; a dialogue that outgrows it ends as "context_limit"."""
     end_on_truncation: bool = True
     """A reply cut off at max_new_tokens ends the episode as ``truncated``."""
     workers: int = Field(default=0, ge=0)
@@ -214,21 +246,32 @@ class RayConfig(Strict):
     """Join a running cluster (``ray start --head`` on one machine, ``ray start --address`` on the
     others; e.g. ``auto`` or ``10.0.0.1:6379``); unset: a local instance bound to 127.0.0.1."""
     cpus_per_worker: float = Field(default=1.0, gt=0)
+    """CPUs Ray reserves for each rollout worker."""
     threads_per_worker: int = Field(default=0, ge=0)
     """torch threads in each worker (0: torch's default)."""
 
 
 class TrainConfig(Strict):
     steps: int = Field(default=250, ge=1)
+    """Training steps (each: rollouts, then one update per trainable role)."""
     lr: float = Field(default=1e-6, gt=0)
+    """AdamW learning rate (constant)."""
     betas: tuple[float, float] = (0.9, 0.98)
+    """AdamW betas."""
     weight_decay: float = Field(default=0.1, ge=0)
+    """AdamW weight decay."""
     eps_low: float = Field(default=0.2, gt=0, lt=1)
+    """The clipped ratio's lower bound is 1 - eps_low (PPO's clip)."""
     eps_high: float = Field(default=0.28, gt=0, lt=1)
+    """The upper bound is 1 + eps_high (DAPO's clip-higher)."""
     kl_coef: float = Field(default=0.005, ge=0)
+    """Weight of the k3 KL estimate to the reference weights (the base, or the role's starting adapter)."""
     grad_clip: float = Field(default=1.0, gt=0)
+    """Gradient-norm clip per update."""
     micro_batch_tokens: int = Field(default=1024, ge=16)
+    """Tokens per forward/backward pass (sequences are packed up to this); memory grows with it."""
     num_minibatches: int = Field(default=1, ge=1)
+    """Optimizer steps per update, each on its share of the step's episodes."""
     success_threshold: float = 1.0
     """A group is all-success when every reward is >= this, all-failure when every reward is <= 0."""
     no_signal_warn: int = Field(default=3, ge=1)
@@ -243,6 +286,7 @@ class EvalConfig(Strict):
     panel: str | None = None
     """A panel YAML (partners marked seen/unseen); None: no held-out evaluation during training."""
     every: int = Field(default=16, ge=1)
+    """Evaluate the panel every this many steps (and at the last step)."""
     select_on: Literal["seen", "all"] = "seen"
     """The best checkpoint (RUN_DIR/best) is chosen by the mean over the seen partners only, as the paper
     selects with no evaluation-only simulator; ``all`` also lets the unseen ones choose (then the unseen
@@ -256,25 +300,36 @@ class DiagnosticsConfig(Strict):
     """Every this many steps (0: never), split the group reward variance into partner and agent parts by
     nested resampling on a sample of this step's tasks (the agent's turns replayed, the partner resampled)."""
     decompose_tasks: int = Field(default=2, ge=1)
+    """Tasks of the step whose reward variance is decomposed."""
     decompose_samples: int = Field(default=4, ge=2)
     """First-stage rollouts per task (the agent part is the variance between them, within the task)."""
     decompose_resamples: int = Field(default=4, ge=2)
+    """Partner resamples per first-stage rollout (the partner part is the variance between them)."""
     probe_every: int = Field(default=10, ge=0)
     """Every this many steps (and at step 1; 0: never), the partner's behaviour modal mass at a fixed set of
     probe states (saved at step 1: the untrained agent's first turns), so that it measures the partner, not
     where the agent's rollouts happen to go (environments with a behaviour classifier: p4g, lab)."""
     probe_states: int = Field(default=8, ge=1)
+    """Fixed probe states the partner's modal mass is measured at."""
     probe_samples: int = Field(default=8, ge=2)
+    """Partner replies sampled per probe state."""
 
 
 class RunConfig(Strict):
     dir: str = "runs/scope"
+    """The run directory: config, metrics, checkpoints, evaluations, rollouts."""
     seed: int = 0
+    """Seeds sampling, task order and initialisation; the same seed, config and thread count give the same run."""
     save_every: int = Field(default=10, ge=1)
+    """A checkpoint every this many steps (and at the last), written atomically."""
     keep_checkpoints: int = Field(default=2, ge=1)
+    """Checkpoints kept (the oldest go; RUN_DIR/best is kept apart)."""
     save_rollouts: bool = True
+    """Write each step's episodes (token ids, log-probs, rewards) to rollouts/."""
     threads: int | None = Field(default=None, ge=1)
+    """torch threads (None: torch's default); the numbers of a run depend on it."""
     progress: bool = True
+    """A progress line per step."""
 
 
 class Placement(Strict):

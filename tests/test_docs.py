@@ -140,3 +140,21 @@ def test_the_python_examples_run(i, tmp_path):
     path.write_text(code)
     r = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert r.returncode == 0, f"an example in {doc}: {r.stderr[-1500:]}"
+
+
+def test_the_config_reference_is_generated_from_the_code():
+    """docs/configs.md's key table is scope/config.py's fields (types, defaults, docstrings) and every
+    environment's options, as `python -m scope.configdoc` writes them: a field changed in the code and not in
+    the docs (or the reverse) fails here."""
+    from scope import configdoc
+    from scope.config import Config
+
+    ref = configdoc.reference()
+    assert configdoc.documented() == ref, "run python -m scope.configdoc --write"
+    assert "| `models.<name>.dtype` | auto / float32 / bfloat16 / float16 | `auto` |" in ref
+    for key in ("models.<name>.device", "models.<name>.vllm.max_loras", "rollout.workers", "ray.address",
+                "diagnostics.probe_every", "parallel.timeout"):
+        assert f"| `{key}` |" in ref, key
+    assert set(Config.model_fields) <= {line.split("`")[1].split(".")[0] for line in ref.splitlines()
+                                        if line.startswith("| `") and "." in line.split("`")[1]} | {
+        "models", "agent", "partner", "envsim"}
