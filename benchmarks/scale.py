@@ -6,7 +6,7 @@
 
 Each round: P4G, a LoRA agent against the frozen base as partner, 8 tasks x 4 = 32 dialogues, 3 agent
 turns, up to 48 new tokens a reply, temperature 0.7, set up as a training run sets them up
-(``build_models``, ``make_rollout``, ``make_jobs``). Between rounds the agent's adapter is moved and its
+(``build_models``, ``make_rollout``, ``step_jobs``). Between rounds the agent's adapter is moved and its
 version bumped, as a learner's update does (the update itself is not timed: it is the same in all three),
 so every round after the first starts with an adapter sync. Start-up (loading, the engine, Ray) is outside
 every figure and the first round is a warm-up: tokens/s is all tokens over all seconds of the later
@@ -59,7 +59,7 @@ def measure(mode: str, rounds: int) -> dict[str, float]:
     from scope.distributed import make_rollout, scale_metrics
     from scope.envs import get_env
     from scope.setup import build_models
-    from scope.train import make_jobs
+    from scope.train import step_jobs
 
     with tempfile.TemporaryDirectory(prefix=f"scope-bench-{mode}-") as d:
         cfg = parse_config(config(mode, d))
@@ -77,7 +77,7 @@ def measure(mode: str, rounds: int) -> dict[str, float]:
         for r in range(rounds):
             if r:
                 move(trainable["agent"], g)
-            jobs = make_jobs(cfg, [tasks[(8 * r + i) % len(tasks)] for i in range(8)], sources, r + 1, env_rng)
+            jobs = step_jobs(cfg, [tasks[(8 * r + i) % len(tasks)] for i in range(8)], sources, r + 1, env_rng)
             t = time.time()
             eps, st = rollout(jobs, max_context=cfg.rollout.max_context, end_on_truncation=False)
             dt = time.time() - t

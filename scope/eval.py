@@ -23,7 +23,7 @@ from .models.loading import adapter_dir, load_frozen_adapter  # noqa: F401 - cal
 from .diagnostics import behaviour_stats, classifier_of, group_similarity, variance_decomposition
 from .envs import get_env
 from .partners.binding import Binding, spec_binding
-from .rollout import Job, run_rollouts
+from .rollout import Job, Play, make_jobs, run_rollouts
 from .types import Completion, Episode, SamplingParams
 
 
@@ -130,8 +130,8 @@ def panel_jobs(agent: Binding, panel: Panel, refs: dict[str, Any], env_name: str
         raise ValueError(f"no {env_name} tasks in split {split!r}")
     n = panel.episodes if panel.episodes is not None else len(tasks) * panel.repeats
     rng = random.Random(seed)
-    jobs, owner = [], []
-    uid = 10_000_000
+    plays: list[Play] = []
+    owner: list[PanelEntry] = []
     for p in panel.partners:
         if p.model not in refs:
             raise ConfigError(f"panel partner {p.spec_id()!r}: model {p.model!r} is not defined")
@@ -162,11 +162,9 @@ def panel_jobs(agent: Binding, panel: Panel, refs: dict[str, Any], env_name: str
                 bi = Binding(id=b.id, ref=b.ref, sampling=b.sampling, vs=b.vs,
                              note=(b.note + "\n" if b.note else "") + per["text"])
                 ep.meta["sim_persona"] = per["id"]
-            jobs.append(Job(env=env_cls(task, random.Random(rng.random()), **opts), episode=ep,
-                            bindings={"agent": agent, "partner": bi}, uid=uid))
+            plays.append(Play(task, ep, {"agent": agent, "partner": bi}, options=opts))
             owner.append(p)
-            uid += 1
-    return jobs, owner
+    return make_jobs(env_cls, plays, env_options, rng, "eval"), owner
 
 
 def evaluate(agent: Binding, panel: Panel, refs: dict[str, Any], env_name: str, env_options: dict,
@@ -392,17 +390,16 @@ class ProbeStates:
         env_cls = get_env(env_name)
         rng = random.Random(seed)  # the env as in training; the replay has one agent turn, so each dialogue
         # ends (as a failed replay) right after the partner's answer to it, the one reply measured
-        jobs, owner = [], []
+        plays, owner = [], []
         for k, st in enumerate(self.states):
             if st["task_id"] not in tasks:
                 continue
             for j in range(samples):
-                jobs.append(Job(env=env_cls(tasks[st["task_id"]], random.Random(rng.random()), **env_options),
-                                episode=Episode(st["task_id"], f"probe:{k}", j),
-                                bindings={"agent": Binding("replay", ReplayRef([st["agent_turn"]]), agent_sampling),
-                                      "partner": partners[(k * samples + j) % len(partners)]},
-                                uid=40_000_000 + k * samples + j))
+                plays.append(Play(tasks[st["task_id"]], Episode(st["task_id"], f"probe:{k}", j),
+                                  {"agent": Binding("replay", ReplayRef([st["agent_turn"]]), agent_sampling),
+                                   "partner": partners[(k * samples + j) % len(partners)]}))
                 owner.append(k)
+        jobs = make_jobs(env_cls, plays, env_options, rng, "probe")
         if not jobs:
             return {}
         with fixed_sampling([p.ref for p in partners], seed):  # neither depends on nor disturbs training's noise
@@ -439,13 +436,12 @@ def nested_variance(episodes: list[Episode], tasks: dict[str, Any], agent_sampli
         # replay that runs out fails that sample, which is left out
         opts = dict(env_options, max_turns=len(turns)) if takes_turns else dict(env_options)
         for j in range(resamples):
-            nested.append(Job(env=env_cls(tasks[e.task_id], random.Random(rng.random()), **opts),
-                              episode=Episode(e.task_id, f"nest:{k}", j),
-                              bindings={"agent": Binding("replay", ReplayRef(turns), agent_sampling),
-                                    "partner": partner_of(e)},
-                              uid=30_000_000 + k * resamples + j))
+            nested.append(Play(tasks[e.task_id], Episode(e.task_id, f"nest:{k}", j),
+                               {"agent": Binding("replay", ReplayRef(turns), agent_sampling), "partner": partner_of(e)},
+                               options=opts))
             owners.append(k)
-    eps, _ = run_rollouts(nested, max_context=max_context, end_on_truncation=end_on_truncation)
+    eps, _ = run_rollouts(make_jobs(env_cls, nested, env_options, rng, "decompose"), max_context=max_context,
+                          end_on_truncation=end_on_truncation)
     rows: dict[int, list[float]] = {}
     for e, k in zip(eps, owners):
         if not e.failed:
@@ -470,13 +466,10 @@ def diagnose(agent: Binding, partner: Binding, env_name: str, env_options: dict,
     env_cls = get_env(env_name)
     tasks = env_cls.load_tasks(split, **env_options)[:n_tasks]
     rng = random.Random(seed)
-    jobs = []
-    for ti, task in enumerate(tasks):
-        for g in range(group):
-            jobs.append(Job(env=env_cls(task, random.Random(rng.random()), **env_options),
-                            episode=Episode(task.id, f"diag:{ti}", g), bindings={"agent": agent, "partner": partner},
-                            uid=20_000_000 + ti * group + g))
-    first, _ = run_rollouts(jobs, end_on_truncation=end_on_truncation)
+    plays = [Play(task, Episode(task.id, f"diag:{ti}", g), {"agent": agent, "partner": partner})
+             for ti, task in enumerate(tasks) for g in range(group)]
+    first, _ = run_rollouts(make_jobs(env_cls, plays, env_options, rng, "diagnose"),
+                            end_on_truncation=end_on_truncation)
     classify = classifier_of(env_name) or (lambda t: "other")
     out: dict[str, Any] = {"behaviour": behaviour_stats(first, classify),
                            "partner_similarity": group_similarity(first, "partner"),

@@ -16,6 +16,7 @@ tokens the model never saw.
 """
 from __future__ import annotations
 
+import random
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -24,17 +25,45 @@ from .envs.base import Env
 from .partners import vs as vs_mod
 from .contracts import is_chat, token_model
 from .partners.binding import Binding
-from .types import Completion, Episode, Readout, SamplingParams, Trace
+from .types import Completion, Episode, Readout, SamplingParams, Task, Trace
+
+
+Session = tuple[str, int]
+"""A dialogue's session: (namespace, index). The models keep each session's key/values between its turns;
+every caller that builds jobs names its own namespace (train, eval, probe, ...), so that two sets of jobs
+never share a session, whatever their sizes."""
 
 
 @dataclass
 class Job:
-    """One episode to run: its env, its record and the Binding of each role (who plays it, how)."""
+    """One episode to run: its env, its record, the Binding of each role (who plays it, how) and its session."""
 
     env: Env
     episode: Episode
     bindings: dict[str, Binding]
-    uid: int = 0
+    uid: Session = ("", 0)
+
+
+@dataclass
+class Play:
+    """What one job plays: a task, its episode record, who plays each role, and the environment's options
+    when they are not the builder's. ``env_seed``: the environment's seed when the caller draws it itself
+    (default: drawn by :func:`make_jobs`, in order)."""
+
+    task: Task
+    episode: Episode
+    bindings: dict[str, Any]
+    options: dict[str, Any] | None = None
+    env_seed: float | None = None
+
+
+def make_jobs(env_cls: type[Env], plays: list[Play], options: dict[str, Any], rng: random.Random,
+              namespace: str) -> list[Job]:
+    """One job per play, each with its own environment, seeded from ``rng`` (one draw per play, in order), and
+    its own session ``(namespace, i)``. Every caller builds its jobs here."""
+    return [Job(env=env_cls(p.task, random.Random(rng.random() if p.env_seed is None else p.env_seed),
+                            **(options if p.options is None else p.options)),
+                episode=p.episode, bindings=p.bindings, uid=(namespace, i)) for i, p in enumerate(plays)]
 
 
 @dataclass

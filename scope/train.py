@@ -29,7 +29,7 @@ from .partners.pool import PoolSource
 from .partners.rewards import apply_partner_reward, baseline_of
 from .diagnostics import behaviour_stats, classifier_of, group_similarity
 from .distributed import make_rollout, scale_metrics
-from .rollout import Job
+from .rollout import Job, Play, make_jobs
 from .run import Checkpointer, MetricsLogger, RunDir, publish_dir, recover_dir, rollout_records, save_weights
 from .guards import check_start, endpoint_metrics, starting, stop_if_dead
 from .setup import build_judge, build_models
@@ -65,19 +65,12 @@ class TaskSampler:
         self.order = list(sd["order"])
 
 
-def make_jobs(cfg: Config, tasks: list[Task], sources: dict, step: int, env_rng: random.Random) -> list[Job]:
+def step_jobs(cfg: Config, tasks: list[Task], sources: dict, step: int, env_rng: random.Random) -> list[Job]:
     """G copies of each task; every role's source binds who plays it in each copy."""
-    env_cls = get_env(cfg.env.name)
-    jobs, uid = [], 0
-    for ti, task in enumerate(tasks):
-        gid = f"{step}:{ti}:{task.id}"
-        for g in range(cfg.rollout.group_size):
-            env = env_cls(task, random.Random(env_rng.random()), **cfg.env.options)
-            ep = Episode(task_id=task.id, group_id=gid, copy=g)
-            bindings = {role: src.assign(task, ti, g) for role, src in sources.items()}
-            jobs.append(Job(env=env, episode=ep, bindings=bindings, uid=uid))
-            uid += 1
-    return jobs
+    plays = [Play(task, Episode(task_id=task.id, group_id=f"{step}:{ti}:{task.id}", copy=g),
+                  {role: src.assign(task, ti, g) for role, src in sources.items()})
+             for ti, task in enumerate(tasks) for g in range(cfg.rollout.group_size)]
+    return make_jobs(get_env(cfg.env.name), plays, cfg.env.options, env_rng, "train")
 
 
 def seed_all(seed: int) -> None:
@@ -181,7 +174,7 @@ def _train(cfg: Config, tasks: list[Task], resume: bool, on_step_end, log, confi
         metrics_log.write(0, evaluator.run(0, log))
     for step in range(start + 1, cfg.train.steps + 1):
         t0 = time.time()
-        jobs = make_jobs(cfg, sampler.next(cfg.rollout.n_tasks), sources, step, env_rng)
+        jobs = step_jobs(cfg, sampler.next(cfg.rollout.n_tasks), sources, step, env_rng)
         progress = (lambda s, step=step: log(f"  step {step} {s}")) if cfg.run.progress else None
         episodes, rstats = rollout(jobs, max_context=cfg.rollout.max_context,
                                         end_on_truncation=cfg.rollout.end_on_truncation, progress=progress,

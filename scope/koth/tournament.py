@@ -72,20 +72,20 @@ def llm_games(agent, opponent: str, games: int, seed: int, partner=None, every: 
     """An LLM controller (``agent``: a Binding) against ``opponent`` (a fixed team, or ``partner``: another
     LLM binding), through the koth environment; results for the agent."""
     from ..envs import get_env
-    from ..rollout import Job, run_rollouts
+    from ..rollout import Play, make_jobs, run_rollouts
     from ..types import Episode, Task
 
     env_cls = get_env("koth")
     rng = random.Random(seed)
-    jobs = []
+    refs = {"agent": agent} | ({"partner": partner} if partner else {})
+    plays = []
     for i in range(games):
         s = seed * 1000 + i
         task = Task(id=f"koth/{s}", split="test", data={"seed": s, "side": i % 2})
-        env = env_cls(task, random.Random(rng.random()), opponent="partner" if partner else opponent, every=every,
-                      skills=skills, prefix=prefix, parse=parse)
-        refs = {"agent": agent} | ({"partner": partner} if partner else {})
-        jobs.append(Job(env, Episode(task.id, f"koth:{opponent}:{i}", 0), refs, uid=60_000_000 + i))
-    eps, _ = run_rollouts(jobs, max_context=max_context, end_on_truncation=False)
+        plays.append(Play(task, Episode(task.id, f"koth:{opponent}:{i}", 0), dict(refs)))
+    options = dict(opponent="partner" if partner else opponent, every=every, skills=skills, prefix=prefix, parse=parse)
+    eps, _ = run_rollouts(make_jobs(env_cls, plays, options, rng, "koth"), max_context=max_context,
+                          end_on_truncation=False)
     out = []
     for e in eps:
         out.append(e.meta["koth"]["result"] if not e.failed and "koth" in e.meta else 0.0)

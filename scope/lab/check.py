@@ -14,7 +14,7 @@ from typing import Any
 from ..envs.lab import NEEDS, CollapseLab, classify_reply, need_of
 from ..lab.corpus import FAVOURITE, agent_say
 from ..partners.binding import Binding
-from ..rollout import Job, run_rollouts
+from ..rollout import Play, make_jobs, run_rollouts
 from ..types import Completion, Episode, SamplingParams
 
 
@@ -53,19 +53,19 @@ def behaviour_card(partner: Binding, episodes: int = 64, seed: int = 0, split: s
     plans = {"offer_match": ["offer_match"], "offer_favourite": ["offer_favourite"], "offer_other": ["offer_other"],
              "ask_then_match": ["ask", "offer_match"], "ask_then_other": ["ask", "offer_other"],
              "ask_twice": ["ask", "ask"]}
-    jobs: list[Job] = []
+    plays: list[Play] = []
     owner: list[str] = []
-    rng = random.Random(seed)
     for name, moves in plans.items():
         pool = [t for t in tasks if t.data["need"] != FAVOURITE] if name == "offer_favourite" else tasks
         for i in range(episodes):
             task = pool[i % len(pool)]
-            env = CollapseLab(task, random.Random(rng.random()), max_turns=max(2, len(moves)))
-            env.views["agent"][-1]["need"] = task.data["need"]  # the scripted agent's cheat sheet
             agent = Binding("scripted", ScriptedAgent(moves, seed + i), SamplingParams())
-            jobs.append(Job(env, Episode(task.id, name, i), {"agent": agent, "partner": partner},
-                            uid=70_000_000 + len(jobs)))
+            plays.append(Play(task, Episode(task.id, name, i), {"agent": agent, "partner": partner},
+                              options={"max_turns": max(2, len(moves))}))
             owner.append(name)
+    jobs = make_jobs(CollapseLab, plays, {}, random.Random(seed), "lab-check")
+    for j in jobs:
+        j.env.views["agent"][-1]["need"] = j.env.task.data["need"]  # the scripted agent's cheat sheet
     eps, _ = run_rollouts(jobs, end_on_truncation=False)
     card: dict[str, Any] = {}
     for name in plans:

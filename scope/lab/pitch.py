@@ -196,17 +196,17 @@ def score_pairs(cfg, pairs: list[tuple[str, Any]], sims: dict[str, tuple[Any, di
     from ..envs import get_env
     from ..eval import ReplayRef, fixed_sampling
     from ..partners.binding import Binding
-    from ..rollout import Job, run_rollouts
+    from ..rollout import Play, make_jobs, run_rollouts
     from ..types import Episode, SamplingParams
 
     env_cls = get_env(cfg.env.name)
     out: dict[str, dict[str, Any]] = {}
     for k, (sid, (binding, opts, group)) in enumerate(sims.items()):
         options = dict(cfg.env.options, **opts)
-        rng = random.Random(seed)
-        jobs = [Job(env=env_cls(t, random.Random(rng.random()), **options), episode=Episode(t.id, f"score:{i}", 0),
-                    bindings={"agent": Binding("replay", ReplayRef([p]), SamplingParams()), "partner": binding},
-                    uid=60_000_000 + i) for i, (p, t) in enumerate(pairs)]
+        plays = [Play(t, Episode(t.id, f"score:{i}", 0),
+                      {"agent": Binding("replay", ReplayRef([p]), SamplingParams()), "partner": binding})
+                 for i, (p, t) in enumerate(pairs)]
+        jobs = make_jobs(env_cls, plays, options, random.Random(seed), "pitch-score")
         with fixed_sampling([binding.ref], seed * 1_000_003 + k):
             eps, _ = run_rollouts(jobs, max_context=cfg.rollout.max_context, end_on_truncation=False)
         out[sid] = {"group": group, "rewards": [math.nan if e.failed else e.rewards["agent"] for e in eps],

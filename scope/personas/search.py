@@ -132,12 +132,11 @@ class Evaluator:
         """Every persona of every population plays ``dialogues_per_persona`` dialogues (in one batched
         rollout). Returns, per population, per persona, its episodes (None where one failed)."""
         from ..partners.binding import Binding
-        from ..rollout import Job, run_rollouts
+        from ..rollout import Play, make_jobs, run_rollouts
         from ..types import Episode
 
         rng = random.Random(seed)
-        jobs, where = [], []
-        uid = 0
+        plays, where = [], []
         per = per or self.cfg.search.dialogues_per_persona
         for gi, pop in enumerate(populations):
             for pi, persona in enumerate(pop):
@@ -147,11 +146,10 @@ class Evaluator:
                     task = self.tasks[rng.randrange(len(self.tasks))]
                     if persona.get("task_id"):  # written for this task
                         task = next(t for t in self.tasks if t.id == persona["task_id"])
-                    env = self.env_cls(task, random.Random(rng.random()), **self.options)
-                    jobs.append(Job(env=env, episode=Episode(task_id=task.id, group_id=f"{gi}/{pi}", copy=c),
-                                    bindings={"agent": self.agent, "partner": b}, uid=uid))
+                    plays.append(Play(task, Episode(task_id=task.id, group_id=f"{gi}/{pi}", copy=c),
+                                      {"agent": self.agent, "partner": b}, env_seed=rng.random()))
                     where.append((gi, pi))
-                    uid += 1
+        jobs = make_jobs(self.env_cls, plays, self.options, rng, "personas")  # every env seed drawn above
         episodes, _ = run_rollouts(jobs, max_context=self.cfg.max_context, end_on_truncation=False)
         out: list[list[list[Any]]] = [[[] for _ in pop] for pop in populations]
         for (gi, pi), ep in zip(where, episodes):

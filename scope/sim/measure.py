@@ -37,13 +37,11 @@ def donation_stats(xs: list[float], humans: list[float]) -> dict[str, float]:
 def play_donations(agent, sim, tasks, options: dict, seed: int, max_context: int) -> list[float | None]:
     """The donation of each task's persona played by ``sim`` against ``agent`` (None: no marker)."""
     from ..envs import get_env
-    from ..rollout import Job, run_rollouts
+    from ..rollout import Play, make_jobs, run_rollouts
     from ..types import Episode
 
-    env_cls = get_env("p4g")
-    rng = random.Random(seed)
-    jobs = [Job(env=env_cls(t, random.Random(rng.random()), **options), episode=Episode(t.id, f"don:{i}", 0),
-                bindings={"agent": agent, "partner": sim}, uid=50_000_000 + i) for i, t in enumerate(tasks)]
+    plays = [Play(t, Episode(t.id, f"don:{i}", 0), {"agent": agent, "partner": sim}) for i, t in enumerate(tasks)]
+    jobs = make_jobs(get_env("p4g"), plays, options, random.Random(seed), "measure")
     eps, _ = run_rollouts(jobs, max_context=max_context, end_on_truncation=False)
     return [None if e.failed else e.meta.get("donation") for e in eps]
 

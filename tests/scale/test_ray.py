@@ -85,7 +85,7 @@ def test_a_dead_worker_fails_its_episodes_and_the_step_goes_on(tmp_path):
 
     from scope.distributed import RayRollout
     from scope.setup import build_models
-    from scope.train import TaskSampler, make_jobs
+    from scope.train import TaskSampler, step_jobs
     import random
 
     c = cfg(tmp_path / "k", 2)
@@ -94,14 +94,14 @@ def test_a_dead_worker_fails_its_episodes_and_the_step_goes_on(tmp_path):
     from scope.envs import get_env
 
     tasks = get_env("p4g").load_tasks("train")
-    jobs = make_jobs(c, TaskSampler(tasks, 0).next(2), sources, 1, random.Random(0))
+    jobs = step_jobs(c, TaskSampler(tasks, 0).next(2), sources, 1, random.Random(0))
     ray.kill(rr.workers[0])
     eps, _ = rr(jobs, max_context=4096, end_on_truncation=False)
     failed = [e for e in eps if e.status == "failed"]
     assert len(failed) == len(jobs[0::2]) and all("rollout worker 0" in e.error for e in failed)
     assert all(e.status != "failed" for e in eps[1::2])
     assert rr.stats["restarts"] == 1
-    jobs = make_jobs(c, TaskSampler(tasks, 1).next(2), sources, 2, random.Random(1))
+    jobs = step_jobs(c, TaskSampler(tasks, 1).next(2), sources, 2, random.Random(1))
     eps, _ = rr(jobs, max_context=4096, end_on_truncation=False)  # the restarted worker serves again
     assert all(e.status != "failed" for e in eps)
     rr.close()
@@ -122,7 +122,7 @@ def test_sampled_logprobs_from_workers_match_the_learners(tmp_path):
     from scope.envs import get_env
     from scope.learner import Learner, LearnerConfig
     from scope.setup import build_models
-    from scope.train import make_jobs
+    from scope.train import step_jobs
 
     c = cfg(tmp_path / "run", 2, temperature=0.7)
     backends, sources, trainable = build_models(c)
@@ -134,7 +134,7 @@ def test_sampled_logprobs_from_workers_match_the_learners(tmp_path):
                 p.copy_(torch.randn(p.shape, generator=g) * 0.05)
     agent.backend.versions["agent"] += 1
     rollout = make_rollout(c, backends)
-    jobs = make_jobs(c, get_env("p4g").load_tasks("train")[:2], sources, 1, random.Random(0))
+    jobs = step_jobs(c, get_env("p4g").load_tasks("train")[:2], sources, 1, random.Random(0))
     episodes, _ = rollout(jobs, max_context=c.rollout.max_context, end_on_truncation=False)
     assert rollout.stats["weight_syncs"] == 2 and all(e.status != "failed" for e in episodes)
     learner = Learner(agent.backend, "agent", LearnerConfig(temperature=0.7))
