@@ -159,8 +159,7 @@ def panel_jobs(agent: Binding, panel: Panel, refs: dict[str, Any], env_name: str
             bi = b
             if personas:
                 per = personas[i % len(personas)]
-                bi = Binding(id=b.id, ref=b.ref, sampling=b.sampling, vs=b.vs,
-                             note=(b.note + "\n" if b.note else "") + per["text"])
+                bi = b.with_persona(per["text"])
                 ep.meta["sim_persona"] = per["id"]
             plays.append(Play(task, ep, {"agent": agent, "partner": bi}, options=opts))
             owner.append(p)

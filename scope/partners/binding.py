@@ -2,7 +2,7 @@
 and extra system-prompt text); every partner source hands these out and the rollout engine reads them."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from ..config import PartnerSpec, VSConfig
@@ -17,6 +17,11 @@ class Binding:
     sampling: SamplingParams
     vs: VSConfig | None = None
     note: str = ""
+
+    def with_persona(self, text: str, id: str | None = None) -> "Binding":
+        """This binding playing a persona: the persona's text on a line after its own note (the one way a
+        persona reaches a system prompt: persona sources, panels and the persona search)."""
+        return replace(self, id=self.id if id is None else id, note=(self.note + "\n" if self.note else "") + text)
 
 
 def spec_sampling(spec: PartnerSpec) -> SamplingParams:

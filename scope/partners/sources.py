@@ -103,9 +103,7 @@ class PersonaSource:
         if not self.group_shared or copy == 0 or self.current is None:
             self.current = self.personas[self.rng.randrange(len(self.personas))]
         p = self.current
-        note = (self.base.note + "\n" if self.base.note else "") + p["text"]
-        return Binding(id=f"{self.base.id}/{p['id']}", ref=self.base.ref, sampling=self.base.sampling,
-                       vs=self.base.vs, note=note)
+        return self.base.with_persona(p["text"], id=f"{self.base.id}/{p['id']}")
 
     def state_dict(self) -> dict[str, Any]:
         return {"rng": self.rng.getstate(), "current": self.current}

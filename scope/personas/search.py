@@ -131,7 +131,6 @@ class Evaluator:
              ) -> list[list[list[Any]]]:
         """Every persona of every population plays ``dialogues_per_persona`` dialogues (in one batched
         rollout). Returns, per population, per persona, its episodes (None where one failed)."""
-        from ..partners.binding import Binding
         from ..rollout import Play, make_jobs, run_rollouts
         from ..types import Episode
 
@@ -140,8 +139,7 @@ class Evaluator:
         per = per or self.cfg.search.dialogues_per_persona
         for gi, pop in enumerate(populations):
             for pi, persona in enumerate(pop):
-                note = (self.sim.note + "\n" if self.sim.note else "") + persona["text"]
-                b = Binding(id=f"sim/{persona['id']}", ref=self.sim.ref, sampling=self.sim.sampling, note=note.strip())
+                b = self.sim.with_persona(persona["text"].strip(), id=f"sim/{persona['id']}")
                 for c in range(per):
                     task = self.tasks[rng.randrange(len(self.tasks))]
                     if persona.get("task_id"):  # written for this task
