@@ -119,6 +119,26 @@ class Trace:
         return sum(self.mask)
 
 
+END_REASONS: dict[str, str] = {
+    "running": "not finished yet",
+    "done": "the dialogue ended as the environment's protocol says (a decision stated, every turn played)",
+    "max_turns": "the environment's turn limit was reached",
+    "max_steps": "tau2: the step limit was reached",
+    "context_limit": "the next prompt would not fit rollout.max_context",
+    "truncated": "a reply was cut off at its max_new_tokens (rollout.end_on_truncation)",
+    "failed": "an error (a model call, a template, the environment's code); the episode is left out of training",
+    "user_stop": "tau2: the user simulator ended the dialogue (###STOP###)",
+    "agent_stop": "tau2: the agent ended the dialogue (env.options.agent_stop)",
+    "too_many_errors": "tau2: the agent's tool calls failed env.options.max_errors times",
+    "submitted": "coop_coding: both players submitted",
+    "accepted": "lab: the customer accepted an offer",
+    "refused": "lab: the customer refused an offer",
+    "game_over": "koth: the game ended",
+}
+"""Every way an episode ends (``Episode.status``, ``Env.finish``). An environment with an end of its own lists
+it in its ``end_reasons``; ``Env.finish`` refuses a reason that is in neither."""
+
+
 @dataclass
 class Episode:
     """One dialogue: the shared message list, one Trace per role, rewards and status."""
@@ -129,7 +149,7 @@ class Episode:
     messages: list[dict[str, Any]] = field(default_factory=list)
     traces: dict[str, Trace] = field(default_factory=dict)
     rewards: dict[str, float] = field(default_factory=dict)
-    status: str = "running"  # done | max_turns | context_limit | truncated | failed
+    status: str = "running"  # one of END_REASONS
     error: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)
 

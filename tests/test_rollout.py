@@ -1,6 +1,8 @@
 """The rollout engine: batching per model, failure isolation, end reasons."""
 import random
 
+import pytest
+
 from scope.envs import get_env
 from scope.models.local import ModelRef, load_tokenizer, tiny_backend
 from scope.rollout import Job, run_rollouts
@@ -79,3 +81,26 @@ def test_context_limit_ends_the_episode():
     assert all(e.status == "context_limit" for e in eps)
     assert all(len(e.traces[r].token_ids) <= 700 for e in eps for r in ("agent", "partner"))
     assert not b.kv_store  # sessions are dropped when their episodes end
+
+
+def test_every_end_reason_in_the_code_is_documented():
+    """Each ``finish("...")`` in scope/ names a documented end (scope.types.END_REASONS or its environment's
+    ``end_reasons``), and ``Env.finish`` refuses one that is not."""
+    import glob
+    import os
+    import re
+
+    from scope.envs import get_env
+    from scope.types import END_REASONS
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    used = set()
+    for p in glob.glob(os.path.join(root, "scope", "**", "*.py"), recursive=True):
+        used |= set(re.findall(r'finish\(f?"([a-z_{}]+)"\)', open(p).read()))
+    used = {u for u in used if "{" not in u} | {"user_stop", "agent_stop"}  # tau2's f"{who}_stop"
+    assert used <= set(END_REASONS), used - set(END_REASONS)
+    env = get_env("lab")(get_env("lab").load_tasks("train")[0], random.Random(0))
+    with pytest.raises(ValueError, match="not an end reason"):
+        env.finish("wandered_off")
+    env.finish("refused")
+    assert env.done and env.end_reason == "refused"

@@ -151,7 +151,15 @@ class Env:
         else:
             view.insert(0, {"role": "system", "content": text})
 
+    end_reasons: frozenset[str] = frozenset()
+    """Ends of this environment's own, beside :data:`scope.types.END_REASONS`."""
+
     def finish(self, reason: str) -> None:
+        from ..types import END_REASONS
+
+        if reason not in END_REASONS and reason not in self.end_reasons:
+            raise ValueError(f"{type(self).__name__}.finish({reason!r}): not an end reason (scope.types.END_REASONS "
+                             f"or the environment's end_reasons)")
         self.done, self.end_reason = True, reason
 
     # ---- the interface ----------------------------------------------------------------------

@@ -319,7 +319,7 @@ class Tau2Env(Env):
         self.steps += 1
         if check and self.steps >= self.max_steps:
             self.ended_by = None
-            self.done, self.end_reason = True, "max_steps"
+            self.finish("max_steps")
 
     def on_reply(self, role: str, text: str) -> None:
         self.turns[role] += 1
