@@ -226,5 +226,5 @@ def run(db: str, out: str, conditions: list[str] | None = None, comparisons: lis
         w = csv.DictWriter(f, fieldnames=cols)
         w.writeheader()
         for r in rows:
-            w.writerow(r)
+            w.writerow({k: store.safe_cell(v) for k, v in r.items()})
     return res

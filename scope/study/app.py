@@ -95,7 +95,7 @@ def _participant_routes(app: FastAPI, service: StudyService) -> None:
     async def start(request: Request):
         b = await _body(request, cap)
         ids: list[Any] = [b.get("participant_id"), b.get("study_id"), b.get("session_id")]
-        if not all(isinstance(x, str) and _ID.match(x) for x in ids):
+        if not all(isinstance(x, str) and _ID.fullmatch(x) for x in ids):  # fullmatch: no trailing newline
             raise StudyError(400, "participant_id, study_id and session_id are required (letters, digits, "
                                   "'_', '.', '-'; at most 64)")
         sess = await run_in_threadpool(service.start, *ids)

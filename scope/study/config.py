@@ -135,7 +135,7 @@ class StudyConfig(Strict):
         if not self.conditions:
             raise ValueError("conditions: define at least one condition")
         for name in list(self.tasks) + list(self.conditions):
-            if not re.match(ID_PATTERN, name):
+            if not re.fullmatch(ID_PATTERN, name):
                 raise ValueError(f"name {name!r}: use letters, digits, '_', '.', '-' (at most 64)")
         for c, per in self.conditions.items():
             missing = [t for t in self.tasks if t not in per]

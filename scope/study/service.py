@@ -218,7 +218,7 @@ class StudyService:
     # ---- the participant's actions -------------------------------------------------------------------
     def check_message(self, text: str) -> str:
         """The participant's message, stripped; a 4xx StudyError for an empty or over-long one."""
-        text = (text or "").strip()
+        text = _clean_text((text or "").strip(), "message")
         if not text:
             raise StudyError(400, "empty message")
         if len(text) > self.cfg.study.max_message_chars:
@@ -282,6 +282,7 @@ class StudyService:
             free_text = ""
         if not isinstance(free_text, str):
             raise StudyError(400, "free_text must be text")
+        free_text = _clean_text(free_text, "free_text")
         if len(free_text) > self.cfg.study.max_text_chars:
             raise StudyError(413, f"free text over {self.cfg.study.max_text_chars} characters")
         clean = check_answers(kind, answers)
@@ -420,3 +421,13 @@ def apply_agent(env, text: str) -> tuple[list[dict], str | None]:
 
 def display(t: store.Turn) -> str:
     return t.content.replace(TAU2_STOP, "").strip() if t.role == "agent" else t.content
+
+
+def _clean_text(text: str, what: str) -> str:
+    """``text`` if it can be stored and sent as UTF-8; a 400 for text that cannot (a lone surrogate such as
+    ``\\ud800``, which JSON can carry), before anything is stored."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise StudyError(400, f"{what}: not valid text (an unpaired surrogate)") from None
+    return text

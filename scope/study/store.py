@@ -257,5 +257,15 @@ def csv_text(eng, table: str) -> str:
     w = csv.writer(buf)
     w.writerow(cols)
     for r in rows:
-        w.writerow([getattr(r, c) for c in cols])
+        w.writerow([safe_cell(getattr(r, c)) for c in cols])
     return buf.getvalue()
+
+
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def safe_cell(v: Any) -> Any:
+    """A text cell that a spreadsheet would read as a formula (it starts with =, +, -, @, a tab or a carriage
+    return: participants' free text and chat turns) gets a leading ' (OWASP's CSV-injection guidance);
+    numbers stay numbers."""
+    return "'" + v if isinstance(v, str) and v.startswith(FORMULA_START) else v

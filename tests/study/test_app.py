@@ -457,3 +457,52 @@ def test_king_of_the_hill_replays_are_shown_and_rated(tmp_path):
         assert r["result"] in (0.0, 0.5, 1.0) and 0.0 <= r["score_share"] <= 1.0
     with pytest.raises(ConfigError, match="team is for King of the Hill"):
         study_cfg(tmp_path / "t.db", {"p4g": P4G}, {"a": {"p4g": {"team": "bt"}}})
+
+
+# ---- hostile input -------------------------------------------------------------------------------------
+def test_an_id_with_trailing_whitespace_is_refused_not_a_second_session(tmp_path):
+    cfg, c = p4g_app(tmp_path)
+    start(c, "P1")
+    for pid in ("P1\n", "P1 ", "\tP1", "P1\r\n"):
+        r = c.post("/api/start", json={"participant_id": pid, "study_id": "S1", "session_id": "X1"})
+        assert r.status_code == 400, pid
+    assert store.find_session(c.app.state.service.engine, "S1", "P1\n") is None
+
+
+def test_a_lone_surrogate_is_a_400_before_anything_is_stored(tmp_path):
+    cfg, c = p4g_app(tmp_path)
+    st, h = start(c, "P1")
+    before = len(store.session_turns(c.app.state.service.engine, st["session"]))
+    body = b'{"text": "hello \\ud800 there"}'  # JSON can carry an unpaired surrogate; UTF-8 cannot
+    r = c.post(f"/api/session/{st['session']}/message", content=body,
+               headers={**h, "content-type": "application/json"})
+    assert r.status_code == 400 and "surrogate" in r.json()["error"]
+    assert len(store.session_turns(c.app.state.service.engine, st["session"])) == before
+    say(c, st, h, "/stop")
+    good = {"persuasive": 4, "respectful": 4, "engaging": 4, "natural": 4, "manipulated": 4, "donation": 1}
+    r = c.post(f"/api/session/{st['session']}/survey", content=json.dumps({"answers": good}).encode()[:-1]
+               + b', "free_text": "\\udfff"}', headers={**h, "content-type": "application/json"})
+    assert r.status_code == 400
+
+
+@pytest.mark.parametrize("table", ["turns", "surveys", "sessions"])
+def test_exports_neutralise_spreadsheet_formulas(tmp_path, table):
+    """Text that a spreadsheet would run as a formula gets a leading ' in every export (OWASP); numbers stay."""
+    import csv
+    import io
+
+    cfg, c = p4g_app(tmp_path)
+    st, h = start(c, "P1")
+    say(c, st, h, "=HYPERLINK(\"http://x\",\"y\")")
+    say(c, st, h, "/stop")
+    good = {"persuasive": 4, "respectful": 4, "engaging": 4, "natural": 4, "manipulated": 4, "donation": 1}
+    assert c.post(f"/api/session/{st['session']}/survey", json={"answers": good, "free_text": "@SUM(A1:A9)"},
+                  headers=h).status_code == 200
+    text = store.csv_text(c.app.state.service.engine, table)
+    cells = [x for row in csv.reader(io.StringIO(text)) for x in row]
+    assert not any(x.startswith(store.FORMULA_START) for x in cells), [x for x in cells if x[:1] in "=+-@"]
+    if table == "turns":
+        assert "'=HYPERLINK(\"http://x\",\"y\")" in cells
+    if table == "surveys":
+        assert "'@SUM(A1:A9)" in cells
+    assert store.safe_cell(-0.5) == -0.5 and store.safe_cell("-x") == "'-x" and store.safe_cell("ok") == "ok"
