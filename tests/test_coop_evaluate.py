@@ -136,3 +136,89 @@ def test_printed_text_cannot_fake_a_pass(tmp_path):
 
 def test_git_is_there():
     assert subprocess.run(["git", "--version"], capture_output=True).returncode == 0
+
+
+# ---- what an agent leaves behind, taken into its patch on the host ------------------------------------------
+def _workspace(tmp_path):
+    from scope.envs.coop.evaluate import init_repo
+
+    ws = tmp_path / "ws"
+    init_repo(make_base(tmp_path), str(ws))
+    gitdir = tmp_path / "gitdir"
+    shutil.copytree(ws / ".git", gitdir)  # as the environment keeps it, before the agent runs anything
+    return ws, str(gitdir)
+
+
+def test_a_fifo_or_a_nested_git_does_not_hang_or_leak_into_the_patch(tmp_path):
+    """`mkdir -p sub3/.git/objects sub3/.git/refs && mkfifo sub3/.git/HEAD` once made host git block for good;
+    a FIFO beside the files made `git add -A` wait; a `.git` file pointing at another repository made git read
+    it. Now git sees a staged copy of regular files and links only, with no .git entry anywhere."""
+    import time
+
+    from scope.envs.coop.evaluate import take_patch
+
+    ws, gitdir = _workspace(tmp_path)
+    (ws / "calc.py").write_text(SUB)
+    (ws / "sub3" / ".git" / "objects").mkdir(parents=True)
+    (ws / "sub3" / ".git" / "refs").mkdir()
+    os.mkfifo(ws / "sub3" / ".git" / "HEAD")
+    os.mkfifo(ws / "pipe")
+    (ws / "sub3" / "code.py").write_text("x = 1\n")
+    (ws / "other").mkdir()
+    (ws / "other" / ".git").write_text(f"gitdir: {tmp_path / 'gitdir'}\n")  # a pointer at a host repository
+    (ws / "other" / "y.py").write_text("y = 2\n")
+    t0 = time.monotonic()
+    patch = take_patch(str(ws), gitdir)
+    assert time.monotonic() - t0 < 30
+    paths = {d.path for d in split_patch(patch)}
+    assert paths == {"calc.py", "sub3/code.py", "other/y.py"}, paths
+
+
+def test_a_workspace_past_the_grading_bounds_fails_with_a_note(tmp_path):
+    from scope.envs.coop.evaluate import GradingLimit, stage_workspace
+
+    ws, _ = _workspace(tmp_path)
+    for i in range(30):
+        (ws / f"f{i}.txt").write_text("x")
+    with pytest.raises(GradingLimit, match="more than 20 files"):
+        stage_workspace(str(ws), str(tmp_path / "stage1"), max_files=20)
+    (ws / "big.bin").write_bytes(b"\0" * (2 << 20))
+    with pytest.raises(GradingLimit, match="1 MB"):
+        stage_workspace(str(ws), str(tmp_path / "stage2"), max_bytes=1 << 20)
+
+
+def test_modules_that_would_shadow_the_test_run_are_filtered(tmp_path):
+    from scope.envs.coop.evaluate import shadows
+
+    for p in ("pytest.py", "_pytest/config.py", "pluggy/__init__.py", "json.py", "xml/etree.py",
+              "sitecustomize.py", "evil.pth", "unittest/__init__.py"):
+        assert shadows(p), p
+    for p in ("calc.py", "src/json.py", "mypkg/pytest.py", "README.md", "docs/xml/a.txt"):
+        assert not shadows(p), p
+    base = make_base(tmp_path)
+    planted = diff(base, {"calc.py": SUB, "pytest.py": "raise SystemExit(0)\n"}, tmp_path, "p")
+    f = filter_patch(planted)
+    assert f.dropped == ["pytest.py"] and "calc.py" in f.patch
+
+
+@needs_bwrap
+def test_a_planted_pytest_cannot_win_the_pair(tmp_path):
+    """A workspace `pytest.py` that writes a passing JUnit report and exits 0 once scored 1.0 with no feature
+    written: it is filtered from the patch, and the grader's pytest is imported before the workspace joins
+    sys.path, so even a tree that holds one runs the real pytest."""
+    from scope.envs.coop.evaluate import run_feature_tests
+
+    fake = ("import sys\nopen('.scope-junit.xml', 'w').write('<testsuites><testsuite tests=\"1\" failures=\"0\" "
+            "errors=\"0\" skipped=\"0\"><testcase name=\"t\"/></testsuite></testsuites>')\nsys.exit(0)\n")
+    base = make_base(tmp_path)
+    tests = {"sub": diff(base, {"tests/test_sub.py": TEST_SUB}, tmp_path, "ts")}
+    r = evaluate_pair(base, {"agent1": diff(base, {"pytest.py": fake}, tmp_path, "f"), "agent2": ""}, tests,
+                      sandbox_for)
+    assert not r.success and r.merge.dropped["agent1"] == ["pytest.py"]
+    from scope.envs.coop.evaluate import init_repo
+
+    tree = tmp_path / "tree"
+    init_repo(base, str(tree))
+    (tree / "pytest.py").write_text(fake)  # as if it had got through: the real pytest still runs
+    out = run_feature_tests(str(tree), tests["sub"], sandbox_for)
+    assert not out.ok and out.failed + out.errors >= 1, (out.note, out.output[-500:])

@@ -4,14 +4,17 @@
    ``/test_``, ``/tests/``, ``_test.py``, ``/test/`` or ``tests.py``, as CooperBench's evaluator
    drops them), and so are diffs of test configuration (``conftest.py``, ``pytest.ini``, ``tox.ini``,
    and ``setup.cfg`` / ``pyproject.toml`` diffs whose changed lines mention pytest or tox): an agent
-   cannot turn the hidden tests off. New files are kept.
+   cannot turn the hidden tests off. So are top-level modules that a test run would import in place of
+   pytest's own or the standard library's (``pytest.py``, ``_pytest/``, ``json.py``: :data:`SHADOWING`). New
+   files are kept.
 2. **Branch.** Each filtered patch is applied (``git apply``, then ``git apply --3way``) on a branch of
    its own from the base commit and committed there.
 3. **Merge.** ``git merge`` of the first agent's branch into the second's (``--no-ff``); on a conflict
    the merge is redone with ``* merge=union`` in ``.gitattributes`` (both sides' lines kept), and the
    merge status says which (``clean``, ``union``, or ``failed`` when even that does not apply).
 4. **Test.** For each feature: a copy of the merged tree, its ``tests.patch`` applied, and pytest run in
-   the sandbox on the test files that patch touches, with a JUnit XML report. A feature passes iff
+   the sandbox on the test files that patch touches, with a JUnit XML report; pytest itself is imported
+   before the workspace joins ``sys.path`` (``python -P``), so no file there can stand in for it. A feature passes iff
    pytest exits 0 and the report counts at least one passed test (read from pytest's own report, not
    from printed text). The pair succeeds iff both features pass.
 """
@@ -23,6 +26,7 @@ import re
 import shutil
 import stat
 import subprocess
+import sys
 import tempfile
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
@@ -85,11 +89,28 @@ class Filtered:
     dropped: list[str] = field(default_factory=list)
 
 
+# Top-level modules a test run imports from the workspace's root before (or instead of) the real ones: the test
+# runner and its dependencies, the interpreter's start-up hooks and the whole standard library (the workspace
+# root is first on sys.path while the tests run). An agent's file of such a name is dropped from its patch.
+SHADOWING = frozenset(sys.stdlib_module_names) | {"pytest", "_pytest", "pluggy", "py", "iniconfig", "packaging",
+                                                  "sitecustomize", "usercustomize"}
+
+
+def shadows(path: str) -> bool:
+    """``path`` is (or lies in) a top-level module or package that a test run would import in place of the
+    runner's own or the standard library's (``pytest.py``, ``_pytest/``, ``json.py``, ``xml/``...)."""
+    top = path.split("/", 1)[0]
+    name = top if "/" in path else top.split(".", 1)[0] if top.endswith((".py", ".pyc", ".so", ".pyd", ".pth")) \
+        else top
+    return name in SHADOWING or top.endswith(".pth")
+
+
 def filter_patch(patch: str) -> Filtered:
-    """The agent's patch without test files and test configuration (see the module docstring)."""
+    """The agent's patch without test files, test configuration, and modules that would shadow the test
+    runner's or the standard library's (see the module docstring)."""
     kept, dropped = [], []
     for d in split_patch(patch):
-        if is_test_path(d.path) or touches_test_config(d):
+        if is_test_path(d.path) or touches_test_config(d) or shadows(d.path):
             dropped.append(d.path)
         else:
             kept.append(d.text)
@@ -105,14 +126,23 @@ _SAFE = ("-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null", "-c", "
          "-c", "safe.directory=*", "-c", "protocol.allow=never")
 
 
-def git(cwd: str, *args: str, check: bool = True, input: str | None = None) -> subprocess.CompletedProcess:
+GIT_SECONDS = 60.0
+"""The longest any host-side git step may take; past it the grading fails with that note (counted)."""
+
+
+def git(cwd: str, *args: str, check: bool = True, input: str | None = None,
+        timeout: float = GIT_SECONDS) -> subprocess.CompletedProcess:
     """Run git on the host, on a repository scope made (never one an agent wrote: see :func:`take_patch`)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
     env.update(GIT_AUTHOR_NAME="scope", GIT_AUTHOR_EMAIL="scope@localhost", GIT_COMMITTER_NAME="scope",
                GIT_COMMITTER_EMAIL="scope@localhost", GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL=os.devnull,
                GIT_ATTR_NOSYSTEM="1", GIT_TERMINAL_PROMPT="0", HOME="/nonexistent", XDG_CONFIG_HOME="/nonexistent",
                LC_ALL="C")
-    r = subprocess.run(["git", *_SAFE, *args], cwd=cwd, capture_output=True, text=True, env=env, input=input)
+    try:
+        r = subprocess.run(["git", *_SAFE, *args], cwd=cwd, capture_output=True, text=True, env=env, input=input,
+                           timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise GradingLimit(f"git {args[-1] if args else ''}: over {timeout:.0f} s on the host") from None
     if check and r.returncode:
         raise RuntimeError(f"git {' '.join(args)}: {r.stderr.strip() or r.stdout.strip()}")
     return r
@@ -127,14 +157,72 @@ def init_repo(base_dir: str, dest: str) -> None:
     git(dest, "commit", "-q", "--allow-empty", "-m", "base")
 
 
+class GradingLimit(RuntimeError):
+    """What an agent left cannot be graded within the host's bounds (files, bytes, seconds): the episode
+    fails with this note, is counted, and the step goes on."""
+
+
+MAX_PATCH_FILES = 20_000
+"""Files of a workspace taken into its patch, at most."""
+MAX_PATCH_BYTES = 64 << 20
+"""Bytes of a workspace's files taken into its patch, at most."""
+
+
+def stage_workspace(workspace: str, dest: str, max_files: int = MAX_PATCH_FILES, max_bytes: int = MAX_PATCH_BYTES,
+                    seconds: float = GIT_SECONDS) -> None:
+    """Copy what git may see of ``workspace`` into ``dest``: regular files and symbolic links only (a FIFO, a
+    socket or a device would block or mislead host-side git), never an entry named ``.git`` at any depth (a
+    nested repository or a ``gitdir:`` pointer would make git read outside the workspace). Past
+    ``max_files``, ``max_bytes`` or ``seconds``, or a directory that cannot be read: :class:`GradingLimit`."""
+    import time
+
+    t0, files, size = time.monotonic(), 0, 0
+
+    def unreadable(e: OSError) -> None:
+        raise GradingLimit(f"the workspace cannot be read whole ({e.strerror}: {e.filename})")
+
+    for root, dirs, names in os.walk(workspace, onerror=unreadable):
+        dirs[:] = [d for d in dirs if d != ".git" and not os.path.islink(os.path.join(root, d))]
+        rel = os.path.relpath(root, workspace)
+        out = dest if rel == "." else os.path.join(dest, rel)
+        os.makedirs(out, exist_ok=True)
+        links = [d for d in os.listdir(root) if d != ".git" and os.path.islink(os.path.join(root, d))
+                 and d not in names]
+        for name in [n for n in names if n != ".git"] + links:
+            if time.monotonic() - t0 > seconds:
+                raise GradingLimit(f"taking the patch took over {seconds:.0f} s")
+            src = os.path.join(root, name)
+            st = os.lstat(src)
+            if stat.S_ISLNK(st.st_mode) or stat.S_ISREG(st.st_mode):
+                files, size = files + 1, size + st.st_size
+                if files > max_files or size > max_bytes:
+                    raise GradingLimit(f"the workspace holds more than {max_files} files or {max_bytes >> 20} MB: "
+                                       "not graded")
+            if stat.S_ISLNK(st.st_mode):
+                os.symlink(os.readlink(src), os.path.join(out, name))
+            elif stat.S_ISREG(st.st_mode):
+                fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+                with os.fdopen(fd, "rb") as f, open(os.path.join(out, name), "wb") as g:
+                    shutil.copyfileobj(f, g)
+                os.chmod(os.path.join(out, name), st.st_mode & 0o755)
+            # anything else (a FIFO, a socket, a device) is not a file of a patch: left out
+
+
 def take_patch(workspace: str, git_dir: str) -> str:
     """The diff of ``workspace``'s files against the base commit, taken with ``git_dir``: a copy of the
-    workspace's .git made before the agent ran anything. The workspace's own .git (config, hooks,
-    attributes drivers, fsmonitor: all the agent's to write) is never read; the files' attributes can
-    name drivers, but no driver is configured, and diff runs without external diff or textconv."""
-    wt = ("--git-dir", git_dir, "--work-tree", workspace)
-    git(workspace, *wt, "add", "-A", "--ignore-errors", check=False)  # a file it cannot add is left out
-    return git(workspace, *wt, "diff", "--cached", "--binary", "--no-ext-diff", "--no-textconv", "base").stdout
+    workspace's .git made before the agent ran anything. Git reads a staged copy (:func:`stage_workspace`:
+    regular files and links only, no ``.git`` entry anywhere, bounded in files, bytes and time), never the
+    workspace itself; the workspace's own .git (config, hooks, attributes drivers, fsmonitor: all the
+    agent's to write) is never read; the files' attributes can name drivers, but no driver is configured,
+    and diff runs without external diff or textconv."""
+    stage = tempfile.mkdtemp(prefix="scope-patch-")
+    try:
+        stage_workspace(workspace, stage)
+        wt = ("--git-dir", git_dir, "--work-tree", stage)
+        git(stage, *wt, "add", "-A", "--ignore-errors", check=False)  # a file it cannot add is left out
+        return git(stage, *wt, "diff", "--cached", "--binary", "--no-ext-diff", "--no-textconv", "base").stdout
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
 
 
 def apply_patch(repo: str, patch: str) -> str | None:
@@ -245,7 +333,10 @@ def _run_feature_tests(tree: str, ws: str, tests_patch: str, sandbox_for, wall_s
     if not files:
         return TestOutcome(note="the hidden tests patch names no test file")
     report = ".scope-junit.xml"
-    cmd = ("python -m pytest -q -p no:cacheprovider -o addopts= --rootdir=. "
+    # -P: the workspace is not on sys.path while pytest is imported; then it is, first, as `python -m pytest`
+    # would have put it (the tests import the project's modules from there)
+    cmd = ("python -P -c 'import os, sys; import pytest; sys.path.insert(0, os.getcwd()); "
+           "sys.exit(pytest.main(sys.argv[1:]))' -q -p no:cacheprovider -o addopts= --rootdir=. "
            f"--junitxml={report} " + " ".join(files))
     r = sandbox_for(ws).run(cmd, wall_seconds=wall_seconds)
     out = TestOutcome(exit_code=r.exit_code, output=r.output[-4000:])
