@@ -315,7 +315,8 @@ def test_scope_serve_answers_400_to_settings_of_the_wrong_kind(server):
         code, r = _post(url, body)
         assert code == 400, (body[:80], code, r)
     for extra in ({"n": 1.5}, {"n": True}, {"max_tokens": 2.5}, {"max_tokens": "8"}, {"temperature": "hot"},
-                  {"stop": [1, 2]}, {"top_p": 0}):
+                  {"stop": [1, 2]}, {"top_p": 0}, {"stop": [f"s{i}" for i in range(90_000)]}, {"stop": ["x" * 257]},
+                  {"stop": [""]}):  # 90,000 stop strings once held every other request for 47 s
         code, r = _post(url, {"messages": msg, **extra})
         assert code == 400, (extra, code, r)
     assert _post(url, {"messages": msg, "max_tokens": 2, "n": 1, "temperature": 0})[0] == 200

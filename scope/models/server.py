@@ -109,12 +109,19 @@ def _integer(body: dict[str, Any], key: str, default: int) -> int:
     return v
 
 
+MAX_STOPS, MAX_STOP_CHARS = 16, 256
+"""Stop strings per request, and characters per stop string, at most: every decode step looks for each of them
+in the newest text, so 90,000 of them held every other request for most of a minute."""
+
+
 def _sampling(body: dict[str, Any]) -> SamplingParams:
     stop = body.get("stop") or ()
     if isinstance(stop, str):
         stop = (stop,)
     if not isinstance(stop, (list, tuple)) or not all(isinstance(s, str) for s in stop):
         raise BadRequest("stop must be a string or a list of strings")
+    if len(stop) > MAX_STOPS or any(len(s) > MAX_STOP_CHARS or not s for s in stop):
+        raise BadRequest(f"stop: at most {MAX_STOPS} strings of 1 to {MAX_STOP_CHARS} characters")
     mt = _integer(body, "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens", 256)
     sp = SamplingParams(temperature=_number(body, "temperature", 1.0), top_p=_number(body, "top_p", 1.0),
                         max_new_tokens=mt, stop=tuple(stop))
