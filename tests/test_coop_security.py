@@ -111,6 +111,21 @@ def test_root_only_files_are_unreadable(tmp_path):
 
 
 @needs_bwrap
+def test_a_tmpfs_workspace_caps_its_inodes(tmp_path):
+    """500,000 empty files once fitted the byte quota (499 MB of kernel memory, 187 s of grading): a tmpfs
+    workspace now has an inode cap too."""
+    if not sb._can_mount():
+        pytest.skip("mounting a tmpfs workspace needs root")
+    lim = Limits(wall_seconds=30, workspace_inodes=200)
+    ws = sb.make_workspace(str(tmp_path / "ws"), lim, tmpfs=True)
+    try:
+        Sandbox(ws, lim).run("i=0; while [ $i -lt 1000 ]; do : > f$i || break; i=$((i+1)); done; true")
+        assert len(os.listdir(ws)) < 200
+    finally:
+        sb.remove_workspace(ws)
+
+
+@needs_bwrap
 @pytest.mark.parametrize("tmpfs", [True, False], ids=["tmpfs", "running-total"])
 def test_the_workspace_has_a_quota_over_all_its_files(tmp_path, tmpfs):
     if tmpfs and not sb._can_mount():

@@ -64,6 +64,8 @@ class Limits:
     max_file_mb: int = 256
     max_open_files: int = 256
     workspace_mb: int = 512   # all files of the workspace together
+    workspace_inodes: int = 50_000  # files and directories of a tmpfs workspace (500,000 empty files once cost
+    # 499 MB of kernel memory and 187 s of grading)
     tmp_mb: int = 256         # the private /tmp (a tmpfs)
     uid: int = int(os.environ.get("SCOPE_SANDBOX_UID", "65534"))  # who the command runs as, when root starts it
 
@@ -307,7 +309,8 @@ def make_workspace(path: str, limits: Limits | None = None, tmpfs: bool | None =
     os.makedirs(path)
     if _can_mount() if tmpfs is None else tmpfs:
         _sweep_stale_mounts()
-        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={lim.workspace_mb}m,mode=0755,nosuid,nodev",
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={lim.workspace_mb}m,nr_inodes={lim.workspace_inodes},"
+                            "mode=0755,nosuid,nodev",
                             "scope-workspace", path], capture_output=True, text=True)
         if r.returncode != 0 and tmpfs:
             raise OSError(f"could not mount a tmpfs workspace at {path}: {r.stderr.strip()}")
