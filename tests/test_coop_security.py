@@ -111,6 +111,26 @@ def test_root_only_files_are_unreadable(tmp_path):
 
 
 @needs_bwrap
+def test_the_running_total_sees_files_nested_past_path_max(tmp_path):
+    """Without a tmpfs, 60 nested directories of 200-character names once hid 600 MB from a 32 MB quota (their
+    paths are past PATH_MAX). Such a tree makes the total unknown: the command counts as over the quota and the
+    tree is removed through its parent's descriptor."""
+    lim = Limits(wall_seconds=60, workspace_mb=4, max_file_mb=4)
+    ws = sb.make_workspace(str(tmp_path / "ws"), lim, tmpfs=False)
+    try:
+        box = Sandbox(ws, lim)
+        name = "d" * 200
+        r = box.run(f"for i in $(seq 30); do mkdir {name} && cd {name} || exit 1; done; "
+                    "for i in 1 2 3; do head -c 3000000 /dev/zero > big$i; done; true")
+        assert r.over_quota and "too deep" in " ".join(r.notes), (r.notes, r.output[-300:])
+        assert not os.path.exists(os.path.join(ws, name)) or sb.workspace_files(ws)[2]
+        total, _, complete = sb.workspace_files(ws)
+        assert complete and total <= 4 << 20
+    finally:
+        sb.remove_workspace(ws)
+
+
+@needs_bwrap
 def test_a_tmpfs_workspace_caps_its_inodes(tmp_path):
     """500,000 empty files once fitted the byte quota (499 MB of kernel memory, 187 s of grading): a tmpfs
     workspace now has an inode cap too."""

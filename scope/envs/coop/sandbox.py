@@ -346,7 +346,8 @@ def _entries(root: str):
                 for e in it:
                     try:
                         st = e.stat(follow_symlinks=False)
-                    except OSError:
+                    except OSError:  # e.g. a path past PATH_MAX: unmeasured, so the total is unknown
+                        yield e.path, None
                         continue
                     yield e.path, st
                     if e.is_dir(follow_symlinks=False):
@@ -558,10 +559,32 @@ class Sandbox:
             except OSError:
                 pass
         if not complete:
-            return True, ("the workspace holds paths too deep to measure: its new files were removed and "
-                          "grown files cut back")
+            for path in [p for p, st in _entries(self.workspace) if st is None]:
+                _remove_below(path)  # what no path reaches (nested past PATH_MAX) is removed by its parent's fd
+            return True, ("the workspace holds paths too deep to measure: its new files were removed, grown files "
+                          "cut back, and the unmeasurable trees removed")
         return True, (f"the command left the workspace over its quota ({used >> 20} MB of {self.limits.workspace_mb} "
                       f"MB): its {removed} new file(s) were removed and {cut} grown file(s) cut back")
+
+
+def _remove_below(path: str) -> None:
+    """Remove ``path`` (a tree too deep for its full path to be used) through its parent's file descriptor:
+    ``shutil.rmtree`` with ``dir_fd`` walks by relative names, whatever the depth."""
+    parent, name = os.path.split(path)
+    try:
+        fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        return
+    try:
+        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        if stat.S_ISDIR(st.st_mode):
+            shutil.rmtree(name, dir_fd=fd)
+        else:
+            os.unlink(name, dir_fd=fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _kill_group(pid: int) -> None:
