@@ -183,9 +183,9 @@ class CoopCoding(Env):
     # -- grading --
     def rewards(self) -> dict[str, float]:
         if self.result is None:
-            patches = {self.names[r]: self.patch(r) for r in self.roles}
             tests = {self.names[r]: self.features[r]["tests_patch"] for r in self.roles}
-            try:
+            try:  # a workspace past the grading bounds (evaluate.GradingLimit) fails this episode, with its note
+                patches = {self.names[r]: self.patch(r) for r in self.roles}
                 self.result = evaluate.evaluate_pair(
                     self.base_dir, patches, tests,
                     lambda ws: Sandbox(ws,
