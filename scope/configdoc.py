@@ -67,11 +67,12 @@ def _rows(model: type[BaseModel], prefix: str) -> list[str]:
 
 
 def _env_options() -> list[str]:
-    from .envs import env_names, get_env
+    from .envs import get_env
+    from .envs.base import BUILTIN
 
-    out = ["", "Each environment's `env.options` (the named parameters of its constructor and task loader):", "",
-           "| environment | options (defaults) |", "|---|---|"]
-    for name in env_names():
+    out = ["", "Each built-in environment's `env.options` (the named parameters of its constructor and task "
+               "loader):", "", "| environment | options (defaults) |", "|---|---|"]
+    for name in sorted(BUILTIN):  # not one registered at run time (a plugin, a test's)
         try:
             cls = get_env(name)
         except Exception:  # noqa: BLE001 - a plugin that does not import is not documented here
