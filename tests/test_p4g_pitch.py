@@ -131,7 +131,18 @@ def test_the_grid_runs_and_its_verdicts_are_computed_at_a_tiny_size(tiny_setup):
     assert len(v["signatures"]["unseen_below_base"]["seeds"]) == 2
     assert [c["cure"] for c in v["signatures"]["cures_vs_single"]["comparisons"]] == ["ensemble"]
     md = open(os.path.join(out, "verdicts.md")).read()
-    assert md.count("held**") >= 6
+    assert md.count("held**") + md.count("**not decidable**") == 6
+    assert v["signatures"]["sharp_collapses_faster"]["held"] is None  # no T0-sharp run in this grid
+    assert "5. " in md and "**not decidable** (a run it needs is missing)" in md.split("5. ")[1].split("\n")[0]
+
+
+def test_a_per_seed_rule_is_undecided_until_it_has_its_seeds():
+    from scope.lab.pitch_verdicts import _decided
+
+    assert _decided([False], 2, "x") is False        # one failing seed decides
+    assert _decided([True], 2, "x") is None          # one passing seed of the two the rule needs
+    assert _decided([True, True], 2, "x") is True
+    assert _decided([], 1, "x") is None              # no run at all
 
 
 def test_bleu_and_group_diversity():

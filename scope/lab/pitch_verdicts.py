@@ -105,7 +105,7 @@ def _rise(g: _Grid) -> dict[str, Any]:
          "rise": (r.get("train_reward") or math.nan) - (r.get("train_reward_start") or math.nan)}
         for k, _, r in g.runs("single")]
     return {"rule": f"RL (Single)'s training reward, last 4 steps minus first 4, >= {RISE}, in every seed",
-            "seeds": rows, "held": bool(rows) and all(x["rise"] >= RISE for x in rows)}
+            "seeds": rows, "held": _decided([x["rise"] >= RISE for x in rows], 1, "RL (Single)")}
 
 
 def _ends_below(g: _Grid, paradigm: str) -> list[dict[str, Any]]:
@@ -128,7 +128,7 @@ def _diversity(g: _Grid) -> dict[str, Any]:
                                "self_bleu_rise": dv["self_bleu_end"] - dv["self_bleu_start"], **dv}
     ens = [v for k, v in div.items() if k.startswith("ensemble@")]
     sgl = [v for k, v in div.items() if k.startswith("single@")]
-    held = bool(ens and sgl) and all(
+    held = None if not (ens and sgl) else all(
         s[m] > max(e[m] for e in ens) for s in sgl for m in ("entropy_drop", "distinct_drop", "self_bleu_rise"))
     return {"rule": "token entropy and distinct pitches fall more, and self-BLEU within a group rises more, for every "
                     "seed of RL (Single) than for Ensemble (first 4 training steps against the last 4)",
@@ -149,7 +149,7 @@ def _sharp(g: _Grid) -> dict[str, Any]:
     single, sharp = g.runs("single"), g.runs("single_sharp")
     steps_single = {k: collapse_step(r) for k, _, r in single}
     steps_sharp = {k: collapse_step(r) for k, _, r in sharp}
-    held = bool(sharp and single) and all(
+    held = None if not (sharp and single) else all(
         v is not None and all(s is None or v < s for s in steps_single.values()) for v in steps_sharp.values())
     return {"rule": "the first evaluation at which RL (Single) on T0-sharp's P3/P4 reward is <= -2 paired s.e. below "
                     "Base comes before RL (Single) on T0's (every seed; never counts as later than any step)",
@@ -225,9 +225,9 @@ def verdicts(grid: str, configs: str = "configs/p4g_pitch", overrides: list[str]
         "train_reward_rises": _rise(g),
         "unseen_below_base": {"rule": "RL (Single)'s final P3/P4 reward minus Base's <= -2 paired s.e. (bootstrap "
                                       "over the test personas), in both seeds",
-                              "seeds": below, "held": len(below) >= 2 and all(x["below"] for x in below)},
+                              "seeds": below, "held": _decided([x["below"] for x in below], 2, "RL (Single)")},
         "ensemble_not_below": {"rule": "Ensemble's final P3/P4 reward minus Base's is not <= -2 paired s.e.",
-                               "seeds": ens, "held": bool(ens) and not any(x["below"] for x in ens),
+                               "seeds": ens, "held": _decided([not x["below"] for x in ens], 1, "Ensemble"),
                                "note": "meaningful only where signature 2 held"},
         "diversity_falls_more": _diversity(g),
         "sharp_collapses_faster": _sharp(g),
@@ -241,7 +241,17 @@ def verdicts(grid: str, configs: str = "configs/p4g_pitch", overrides: list[str]
     return res
 
 
+def _decided(ok: list[bool], seeds: int, who: str) -> bool | None:
+    """A per-seed rule's verdict: not held as soon as one seed fails it; held when every one of at least
+    ``seeds`` seeds passes; else not decidable (None: fewer seeds of ``who`` than the rule needs)."""
+    if not all(ok):
+        return False
+    return True if len(ok) >= seeds else None
+
+
 def _hn(v: Any) -> str:
+    if v is None:
+        return "**not decidable** (a run it needs is missing)"
     return "**held**" if v else "**not held**"
 
 
