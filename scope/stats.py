@@ -23,9 +23,10 @@ RESAMPLES = 2000
 
 
 TRAIN_WINDOW = 4
-"""Steps over which every end-of-training figure is taken, in every table and plot (training reward, entropy,
-zero-variance and the simulator-side share at the end: the mean of the last TRAIN_WINDOW steps; at the start:
-the mean of the first TRAIN_WINDOW)."""
+"""Steps over which every end-of-training figure is taken, in every table and plot (training reward, entropy and
+zero-variance at the end: the mean of the last TRAIN_WINDOW steps; at the start: the mean of the first
+TRAIN_WINDOW). The variance decomposition, measured every few steps only, is reported at its first and last
+measurement."""
 
 
 def window(xs: Sequence[float], end: bool = True) -> float | None:

@@ -208,7 +208,7 @@ def test_every_end_of_training_figure_is_the_stated_window(tmp_path):
     r = run_summary(str(tmp_path))
     assert r["train_reward"] == pytest.approx(8.5) and r["train_reward_start"] == pytest.approx(2.5)
     assert r["entropy_end"] == pytest.approx(1.5) and r["zero_variance_end"] == pytest.approx(0.85)
-    assert r["partner_share_start"] == pytest.approx(0.5) and r["partner_share_end"] == pytest.approx(0.7)
+    assert r["partner_share_start"] == pytest.approx(0.2) and r["partner_share_end"] == pytest.approx(1.0)
     assert "| 8.500 |" in scores_table({"run": rows})  # not the last step's 10.000
 
 

@@ -272,7 +272,9 @@ def run_summary(run_dir: str) -> dict[str, Any]:
         out["entropy_start"], out["entropy_end"] = window(ent, end=False), window(ent)
         out["zero_variance_end"] = window([m["zero_variance_frac"] for m in tr if "zero_variance_frac" in m])
         share = [v for _, v in curves["collapse/partner_share"]]
-        out["partner_share_start"], out["partner_share_end"] = window(share, end=False), window(share)
+        # measured every few steps only (diagnostics.decompose_every): its first and its last measurement, as a
+        # window of 4 measurements would span most of a short run at both ends
+        out["partner_share_start"], out["partner_share_end"] = (share[0], share[-1]) if share else (None, None)
     un = curves["eval/unseen_mean"]
     trained = [(s, v) for s, v in un if s > 0]  # the step-0 evaluation is Base, not a point of this run's curve
     if trained:
@@ -458,9 +460,9 @@ def table(results: dict[str, Any]) -> str:
                   "interval: a bootstrap over the evaluation's tasks, the same resample for every simulator and seed "
                   "(evaluation noise given the trained policies). The seeds' own values are listed beside it: their "
                   "spread is training noise, which the interval does not hold. "
-                  f"Training reward, entropy, zero-variance and the simulator-side share of the reward variance "
-                  f"(E[Var(R | agent turns)] / total, the variance decomposition): the mean of the first / last "
-                  f"{TRAIN_WINDOW} steps (measurements) it was taken at. "
+                  f"Training reward, entropy and zero-variance: the mean of the first / last {TRAIN_WINDOW} steps. "
+                  "Simulator-side share: the partner part of the reward variance (E[Var(R | agent turns)] / total, "
+                  "the variance decomposition) at its first and its last measurement. "
                   "The bootstrap s.e. of one run's unseen mean is about "
                   f"{_f(sum(noise) / len(noise) if noise else math.nan)}."
                   + (f" torch threads: {results['threads']} (the numbers depend on it)."
