@@ -86,9 +86,19 @@ def plot_runs(run_dirs: list[str], out_dir: str) -> list[str]:
 
 def scores_table(runs: dict[str, list[dict[str, Any]]]) -> str:
     """Each run's best checkpoint chosen on the seen partners (as training chooses RUN_DIR/best), with the
-    unseen score at that step beside it, and the final scores."""
-    f = lambda x: "n/a" if x is None else f"{x:.3f}"  # noqa: E731
+    unseen score at that step beside it, and the final scores, each held-out score with its 95% interval
+    (mean +- 1.96 of the evaluation's task-bootstrap s.e., where the run logged one)."""
     from .stats import TRAIN_WINDOW, window
+
+    def f(x: Any) -> str:
+        return "n/a" if x is None else f"{x:.3f}"
+
+    def iv(m: dict[str, Any] | None, key: str) -> str:
+        if m is None:
+            return "n/a"
+        se = m.get(f"eval/{key}_se")
+        return f(m.get(f"eval/{key}_mean")) + (f" ± {1.96 * se:.3f}" if isinstance(se, (int, float))
+                                               and se == se else "")
 
     lines = ["| run | best on seen (step) | unseen at that step | final seen | final unseen | "
              f"train reward (mean of the last {TRAIN_WINDOW} steps) |",
@@ -98,8 +108,7 @@ def scores_table(runs: dict[str, list[dict[str, Any]]]) -> str:
         best = max(ev, key=lambda m: (m["eval/seen_mean"], -m["step"])) if ev else None
         last = ev[-1] if ev else {}
         _, tr = _series(ms, "reward_mean")
-        chosen = f"{f(best['eval/seen_mean'])} ({best['step']})" if best else "n/a"
-        lines.append(f"| {label} | {chosen} | {f(best.get('eval/unseen_mean')) if best else 'n/a'} | "
-                     f"{f(last.get('eval/seen_mean'))} | "
-                     f"{f(last.get('eval/unseen_mean'))} | {f(window(tr))} |")
+        chosen = f"{iv(best, 'seen')} ({best['step']})" if best else "n/a"
+        lines.append(f"| {label} | {chosen} | {iv(best, 'unseen')} | {iv(last, 'seen')} | {iv(last, 'unseen')} | "
+                     f"{f(window(tr))} |")
     return "\n".join(lines) + "\n"

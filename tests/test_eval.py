@@ -359,3 +359,12 @@ def test_training_logs_probe_modal_mass_at_states_saved_at_step_1(tmp_path):
     assert len(states) == 2 and all(s["agent_turn"] for s in states)
     for step in (1, 2):  # at step 1 and every probe_every steps
         assert 0 < ms[step]["partner_behaviour/modal_mass"] <= 1 and ms[step]["partner_behaviour/probe_states"] == 2
+
+
+def test_the_score_table_prints_intervals_where_the_run_logged_them():
+    from scope.plot import scores_table
+
+    ms = [{"step": 1, "reward_mean": 0.5, "eval/seen_mean": 0.6, "eval/seen_se": 0.05, "eval/unseen_mean": 0.4,
+           "eval/unseen_se": 0.1}]
+    row = "| r | 0.600 ± 0.098 (1) | 0.400 ± 0.196 | 0.600 ± 0.098 | 0.400 ± 0.196 | 0.500 |"
+    assert row in scores_table({"r": ms})
