@@ -4,6 +4,10 @@ from __future__ import annotations
 import argparse
 
 
+FILES = (FileNotFoundError, ValueError)
+"""A command's ``user_errors`` where a missing file or a value out of range is the user's to fix: one line."""
+
+
 class UsageError(Exception):
     """A command given what it cannot use (a missing option, an unknown name): one ``error:`` line, exit 2."""
 

@@ -5,9 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 
-from .common import UsageError, add_set, log
+from .common import FILES, UsageError, add_set, log
 
-FILES = (FileNotFoundError, ValueError)  # a missing data file or a value out of range: one error line
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
