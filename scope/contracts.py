@@ -6,6 +6,8 @@ source hands out. A new backend or source implements one of these; nothing probe
   built from its exact ids; also decision readouts) and :class:`ChatModel` (an endpoint: text in, text out;
   ``chat`` is True).
 
+- :class:`Rollout`: what the training loop calls to play a step's jobs (the engine in this process, or Ray workers).
+
 Who plays a role in each rollout is the partner contract, :class:`scope.partners.binding.PartnerSource`, beside
 the :class:`~scope.partners.binding.Binding` it hands out.
 """
@@ -56,3 +58,14 @@ def token_model(ref: ModelHandle) -> TokenModel:
     if is_chat(ref):
         raise TypeError(f"model {ref.id!r} is text in, text out; this needs a local model (token in, token out)")
     return ref  # type: ignore[return-value]
+
+
+class Rollout(Protocol):
+    stats: dict[str, float]
+    """Cumulative counters of its own (logged as ``ray/<name>``); empty for the engine in this process."""
+
+    def __call__(self, jobs: list[Any], **kw: Any) -> tuple[list[Any], Any]:
+        """Play every job to its end: (the episodes, in the jobs' order; the step's ``RolloutStats``)."""
+        ...
+
+    def close(self) -> None: ...

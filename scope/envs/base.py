@@ -9,11 +9,11 @@ from __future__ import annotations
 import random
 from typing import Any, Callable
 
-from ..types import Readout, Task
+from ..registry import Registry
+from ..types import Episode, Readout, Task
 
-ENVS: dict[str, type["Env"]] = {}
-"""The environments registered so far (a module registers its classes when it is imported)."""
-BUILTIN: dict[str, str] = {  # name -> the module that registers it, imported the first time it is asked for
+ENVS: Registry[type["Env"]] = Registry("environment", builtin={
+    # name -> the module that registers it, imported the first time it is asked for
     "p4g": "scope.envs.p4g",
     "p4g_pitch": "scope.envs.p4g_pitch",
     "tau2_retail": "scope.envs.tau2.env",
@@ -21,47 +21,28 @@ BUILTIN: dict[str, str] = {  # name -> the module that registers it, imported th
     "lab": "scope.envs.lab",
     "coop_coding": "scope.envs.coop.env",
     "koth": "scope.koth.env",
-}
-ENTRY_POINTS = "scope.envs"
-"""Other packages add environments under this entry-point group: ``name = "package.module"`` (the module
-registers the class with :func:`register_env` when imported)."""
+}, group="scope.envs")
+"""The environments: another package adds one under the ``scope.envs`` entry-point group, ``name =
+"package.module"`` (the module registers its class with :func:`register_env` when imported)."""
 
 
 def register_env(name: str) -> Callable[[type["Env"]], type["Env"]]:
     def deco(cls: type["Env"]) -> type["Env"]:
-        ENVS[name] = cls
         cls.name = name
-        return cls
+        return ENVS.register(name)(cls)
 
     return deco
 
 
-def _plugins() -> dict[str, str]:
-    from importlib.metadata import entry_points
-
-    try:
-        return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINTS)}
-    except Exception:  # noqa: BLE001 - a broken installed distribution does not stop scope
-        return {}
-
-
 def env_names() -> list[str]:
     """Every environment that can be asked for: registered, built in, or installed as a plugin."""
-    return sorted(set(ENVS) | set(BUILTIN) | set(_plugins()))
+    return ENVS.names()
 
 
 def get_env(name: str) -> type["Env"]:
     """The environment class registered under ``name``, importing its module on first use (the registry
     itself imports no environment, so that nothing below an environment imports them all)."""
-    if name not in ENVS:
-        import importlib
-
-        module = BUILTIN.get(name) or _plugins().get(name)
-        if module is not None:
-            importlib.import_module(module.split(":")[0])
-    if name not in ENVS:
-        raise KeyError(f"unknown environment {name!r}; registered: {env_names()}")
-    return ENVS[name]
+    return ENVS.get(name)
 
 
 class Env:
@@ -206,6 +187,12 @@ class Env:
 
     def set_judgements(self, replies: list[str | None]) -> None:
         """The judge's replies to ``judge_requests``, in order (None where the call failed)."""
+
+    @classmethod
+    def step_metrics(cls, episodes: list[Episode]) -> dict[str, float]:
+        """The environment's own metrics of a training step, from its finished (not failed) episodes'
+        ``meta``; logged beside the loop's. Default: none."""
+        return {}
 
     # ---- tasks ------------------------------------------------------------------------------
     @classmethod

@@ -58,7 +58,8 @@ def evaluate_untrained(cfg, log: Callable[[str], None]) -> None:
     """Base: the agent as built, on the panel, written as the step-0 line of a run directory."""
     from ..run import MetricsLogger, RunDir
     from ..setup import build_judge, build_models
-    from ..train import PanelEval, seed_all
+    from ..monitor import PanelEval
+    from ..train import seed_all
 
     run = RunDir(cfg.run.dir, cfg)
     seed_all(cfg.run.seed)

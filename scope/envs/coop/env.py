@@ -34,7 +34,7 @@ import shutil
 import weakref
 from typing import Any
 
-from ...types import Task
+from ...types import Episode, Task
 from ..base import Env, register_env
 from . import evaluate
 from .sandbox import Limits, Sandbox, make_workspace, remove_workspace, work_dir
@@ -218,6 +218,26 @@ class CoopCoding(Env):
             "messages": {self.names[r]: self.stats[r]["messages"] for r in self.roles},
             "turns_to_submit": {self.names[r]: self.stats[r]["submit_turn"] for r in self.roles},
             "malformed": {self.names[r]: self.stats[r]["malformed"] for r in self.roles}}
+
+    @classmethod
+    def step_metrics(cls, episodes: list[Episode]) -> dict[str, float]:
+        """From each episode's ``meta.coop``: pair success rate, merge outcomes, messages per episode (both
+        coders), turns to submit (mean over coders), malformed replies."""
+        cs = [e.meta["coop"] for e in episodes if isinstance(e.meta.get("coop"), dict)]
+        if not cs:
+            return {}
+        n = len(cs)
+        turns = [t for c in cs for t in (c.get("turns_to_submit") or {}).values() if t is not None]
+        out = {"coop/success_rate": sum(bool(c.get("success")) for c in cs) / n,
+               "coop/conflict_rate": sum(bool(c.get("conflicts")) for c in cs) / n,
+               "coop/messages_per_episode": sum(sum((c.get("messages") or {}).values()) for c in cs) / n,
+               "coop/malformed_per_episode": sum(sum((c.get("malformed") or {}).values()) for c in cs) / n,
+               "coop/apply_error_rate": sum(bool(c.get("apply_errors")) for c in cs) / n}
+        for status in ("clean", "union", "failed"):
+            out[f"coop/merge_{status}"] = sum(c.get("merge") == status for c in cs) / n
+        if turns:
+            out["coop/turns_to_submit"] = sum(turns) / len(turns)
+        return out
 
     def _remove(self) -> None:
         self._cleanup()  # a weakref.finalize: runs once, here, when collected, or at interpreter exit

@@ -41,7 +41,7 @@ from functools import lru_cache
 from typing import Any
 
 from ...textjson import first_json
-from ...types import Task
+from ...types import Episode, Task
 from ..base import Env, register_env
 from .db import OverlayDB
 from .tools import DOMAINS, ToolError, call_tool
@@ -415,6 +415,18 @@ class Tau2Env(Env):
         if ids is None:
             raise ValueError(f"tau2 {cls.domain}: no split {split!r}; have {sorted(data['splits'])}")
         return [Task(id=f"tau2_{cls.domain}/{i}", split=split, data={"task": data["tasks"][str(i)]}) for i in ids]
+
+    @classmethod
+    def step_metrics(cls, episodes: list[Episode]) -> dict[str, float]:
+        """With simulated tools: how faithfully the simulator played them (``meta.envsim``), weighted by calls."""
+        sims = [e.meta["envsim"] for e in episodes if isinstance(e.meta.get("envsim"), dict)]
+        if not sims:
+            return {}
+        n = sum(x["calls"] for x in sims) or 1
+        return {"envsim/fm": sum(x["fm"] * x["calls"] for x in sims) / n,
+                "envsim/cm": sum(x["cm"] * x["calls"] for x in sims) / n,
+                "envsim/accuracy": sum(x["accuracy"] * x["calls"] for x in sims) / n,
+                "envsim/calls_per_episode": sum(x["calls"] for x in sims) / len(sims)}
 
 
 @register_env("tau2_retail")
