@@ -55,7 +55,7 @@ def main() -> None:
     t_plain, _, st_p = run(plain, a.dialogues, a.turns)
     print(f"plain partner: {t_plain:.1f}s, {st_p.tokens_generated} tokens", flush=True)
     t_vs, eps, st_v = run(vs, a.dialogues, a.turns)
-    recs = [r for e in eps for r in e.meta.get("vs", [])]
+    recs = [r for e in eps for r in e.vs]
     parsed = sum(not r["fallback"] for r in recs)
     reasks = sum(r["attempts"] - 1 for r in recs)
     restarts = sum(e.startswith("runaway") for r in recs for e in r["errors"])

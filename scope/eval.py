@@ -83,27 +83,6 @@ def load_panel(path_or_data: str | dict) -> Panel:
     return panel
 
 
-def frozen_refs(models: dict[str, ModelConfig], backends: dict, seed: int = 0) -> dict[str, Any]:
-    """A frozen ModelRef (base weights) or endpoint client per model name, reusing loaded backends."""
-    from .models.local import open_backend
-    from .models.openai_backend import OpenAIRef
-
-    from .models.loading import backend_key, frozen_ref
-
-    out: dict[str, Any] = {}
-    for name, mc in models.items():
-        if mc.backend == "openai":
-            out[name] = OpenAIRef.from_config(name, mc, seed)
-            continue
-        key = f"{name}#frozen" if f"{name}#frozen" in backends else name  # not the fully fine-tuned copy
-        if key == name and name not in backends:
-            key = backend_key(name, mc)
-        if key not in backends:
-            backends[key] = open_backend(mc, name, seed=seed)
-        out[name] = frozen_ref(name, mc, backends[key])
-    return out
-
-
 @contextlib.contextmanager
 def fixed_sampling(refs: list[Any], seed: int):
     """Seed the sampling generators of the local models behind ``refs`` for the block, then give each
@@ -387,8 +366,8 @@ class ProbeStates:
         """The partner's modal mass at the fixed states; ``partners`` are cycled over the samples (a rotation
         or persona source's bindings of this step, so a mixture is measured as the agent meets it)."""
         env_cls = get_env(env_name)
-        rng = random.Random(seed)  # the env as in training; the replay has one agent turn, so each dialogue
-        # ends (as a failed replay) right after the partner's answer to it, the one reply measured
+        rng = random.Random(seed)  # the env as in training; each dialogue ends at the agent's second turn,
+        # right after the partner's answer to its first, the one reply measured
         plays, owner = [], []
         for k, st in enumerate(self.states):
             if st["task_id"] not in tasks:
@@ -396,7 +375,8 @@ class ProbeStates:
             for j in range(samples):
                 plays.append(Play(tasks[st["task_id"]], Episode(st["task_id"], f"probe:{k}", j),
                                   {"agent": Binding("replay", ReplayRef([st["agent_turn"]]), agent_sampling),
-                                   "partner": partners[(k * samples + j) % len(partners)]}))
+                                   "partner": partners[(k * samples + j) % len(partners)]},
+                                  stop_after={"agent": 1}))
                 owner.append(k)
         jobs = make_jobs(env_cls, plays, env_options, rng, "probe")
         if not jobs:
@@ -432,18 +412,18 @@ def nested_variance(episodes: list[Episode], tasks: dict[str, Any], agent_sampli
         if not turns:
             continue
         # an env with a turn limit ends the replay with the original's last agent turn; elsewhere a
-        # replay that runs out fails that sample, which is left out
+        # replay that runs out of turns ends ungraded ("replay_end") and is left out
         opts = dict(env_options, max_turns=len(turns)) if takes_turns else dict(env_options)
         for j in range(resamples):
             nested.append(Play(tasks[e.task_id], Episode(e.task_id, f"nest:{k}", j),
                                {"agent": Binding("replay", ReplayRef(turns), agent_sampling), "partner": partner_of(e)},
-                               options=opts))
+                               options=opts, stop_after={"agent": len(turns)}))
             owners.append(k)
     eps, _ = run_rollouts(make_jobs(env_cls, nested, env_options, rng, "decompose"), max_context=max_context,
                           end_on_truncation=end_on_truncation)
     rows: dict[int, list[float]] = {}
     for e, k in zip(eps, owners):
-        if not e.failed:
+        if e.status not in ("failed", "replay_end"):
             rows.setdefault(k, []).append(e.rewards.get("agent", 0.0))
     by_task: dict[str, list[list[float]]] = {}
     for k, r in rows.items():

@@ -42,6 +42,10 @@ class Job:
     episode: Episode
     bindings: dict[str, Binding]
     uid: Session = ("", 0)
+    stop_after: dict[str, int] | None = None
+    """Role -> its number of replies after which the dialogue ends ("replay_end", not graded): a replayed
+    agent's recorded turns."""
+    replies: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -55,6 +59,7 @@ class Play:
     bindings: dict[str, Any]
     options: dict[str, Any] | None = None
     env_seed: float | None = None
+    stop_after: dict[str, int] | None = None
 
 
 def make_jobs(env_cls: type[Env], plays: list[Play], options: dict[str, Any], rng: random.Random,
@@ -63,7 +68,8 @@ def make_jobs(env_cls: type[Env], plays: list[Play], options: dict[str, Any], rn
     its own session ``(namespace, i)``. Every caller builds its jobs here."""
     return [Job(env=env_cls(p.task, random.Random(rng.random() if p.env_seed is None else p.env_seed),
                             **(options if p.options is None else p.options)),
-                episode=p.episode, bindings=p.bindings, uid=(namespace, i)) for i, p in enumerate(plays)]
+                episode=p.episode, bindings=p.bindings, uid=(namespace, i), stop_after=p.stop_after)
+            for i, p in enumerate(plays)]
 
 
 @dataclass
@@ -157,7 +163,8 @@ def run_rollouts(jobs: list[Job], sampling: dict[str, SamplingParams] | None = N
     before the rewards are computed. Returns the episodes and throughput statistics.
 
     Each round: every live dialogue says who replies next (``_requests``); the requests that share a model,
-    sampling settings and mode go in one batched call; each reply goes back to its environment (``_deliver``)."""
+    sampling settings, transport and decoder go in one batched call; each reply goes back to its environment
+    (``_deliver``)."""
     stats = RolloutStats()
     t0 = time.time()
     _start(jobs, sampling)
@@ -168,14 +175,16 @@ def run_rollouts(jobs: list[Job], sampling: dict[str, SamplingParams] | None = N
         for j in live:
             for req in _requests(j, max_context):
                 b = req.binding
-                pending.setdefault((id(b.ref), _sp_key(b.sampling), req.mode, id(req.readout)), []).append(req)
-        for (_, _, mode, _), items in pending.items():
-            if mode == "tokens":
+                decoder = None if b.vs is None else b.vs.model_dump_json()
+                pending.setdefault((id(b.ref), _sp_key(b.sampling), req.transport, id(req.readout), decoder),
+                                   []).append(req)
+        for (_, _, transport, _, _), items in pending.items():
+            if transport == "tokens":
                 _run_token_requests(items, stats)
-            elif mode == "readout":
+            elif transport == "readout":
                 _run_readout_requests(items, stats)
             else:
-                _run_text_requests(items, stats, vs=(mode == "vs"))
+                _run_text_requests(items, stats)
             _deliver(items, end_on_truncation)
         live = [j for j in live if not j.env.done and j.episode.status != "failed"]
         if progress:
@@ -208,28 +217,33 @@ def _requests(j: Job, max_context: int) -> list[_Req]:
     if not roles:
         j.env.finish(j.env.end_reason or "done")
         return []
+    if j.stop_after and any(j.replies.get(r, 0) >= j.stop_after[r] for r in roles if r in j.stop_after):
+        j.env.finish("replay_end")
+        return []
     reqs = []
     for role in roles:
         b = j.bindings[role]
-        mode = "vs" if b.vs is not None else ("chat" if is_chat(b.ref) else "tokens")
-        req = _Req(j, role, b, mode)
+        # how the reply travels: token ids to a local model (its trace built from them), a decision readout,
+        # or text (an endpoint, or Verbalized Sampling's candidates, which are not trained on)
+        transport = "text" if b.vs is not None or is_chat(b.ref) else "tokens"
+        req = _Req(j, role, b, transport)
         try:
             req.readout = j.env.reply_readout(role)
             if req.readout is not None:
-                if mode != "tokens":
+                if transport != "tokens":
                     kind = "Verbalized Sampling" if b.vs else "an endpoint"
                     raise ValueError(f"role {role!r}: a decision readout needs a local model with plain "
                                      f"decoding, not {b.id!r} ({kind})")
-                req.mode = mode = "readout"
+                req.transport = transport = "readout"
             req.prefix = j.env.reply_prefix(role)
-            if mode in ("tokens", "readout"):
+            if transport in ("tokens", "readout"):
                 tok = token_model(b.ref).tokenizer
                 req.prompt = prepare_turn(j.episode.traces[role], tok, j.env.views[role], req.prefix,
                                           limit=max_context - b.sampling.max_new_tokens)
         except Exception as e:  # a broken template or env: this episode fails, the others go on
             _fail(j, e)
             return []
-        if mode in ("tokens", "readout") and req.prompt is None:
+        if transport in ("tokens", "readout") and req.prompt is None:
             j.env.finish("context_limit")
             return []
         reqs.append(req)
@@ -253,8 +267,9 @@ def _deliver(items: list[_Req], end_on_truncation: bool) -> None:
         except Exception as e:
             _fail(j, e)
             continue
+        j.replies[req.role] = j.replies.get(req.role, 0) + 1
         if req.finish_reason == "length":
-            cut = j.episode.meta.setdefault("truncated_replies", {})
+            cut = j.episode.truncated_replies
             cut[req.role] = cut.get(req.role, 0) + 1
             if end_on_truncation and not j.env.done:
                 j.env.finish("truncated")
@@ -268,7 +283,8 @@ def _finish(j: Job, max_context: int) -> Episode:
     if ep.status != "failed":
         ep.status = j.env.end_reason or "done"
         try:
-            ep.rewards = {k: float(v) for k, v in j.env.rewards().items()}
+            if ep.status != "replay_end":
+                ep.rewards = {k: float(v) for k, v in j.env.rewards().items()}
         except Exception as e:
             _fail(j, e)
         for r, b in j.bindings.items():
@@ -276,7 +292,7 @@ def _finish(j: Job, max_context: int) -> Episode:
                 close_trace(ep.traces[r], token_model(b.ref).tokenizer, j.env.views[r], limit=max_context)
     ep.messages = j.env.transcript
     ep.meta.update(j.env.meta)
-    ep.meta["turns"] = dict(j.env.turns)
+    ep.turns = dict(j.env.turns)
     return ep
 
 
@@ -285,7 +301,7 @@ class _Req:
     job: Job
     role: str
     binding: Binding
-    mode: str
+    transport: str  # "tokens", "readout" or "text"
     prompt: list[int] | None = None
     prefix: str = ""
     text: str = ""
@@ -375,22 +391,10 @@ def _chat(ref: Any, convs: list[list[dict[str, str]]], sp: SamplingParams, respo
     return outs
 
 
-def _with_instruction(view: list[dict[str, str]], text: str) -> list[dict[str, str]]:
-    msgs = [dict(m) for m in view]
-    if msgs and msgs[-1]["role"] == "user":
-        msgs[-1]["content"] = msgs[-1]["content"] + "\n\n" + text
-    else:
-        msgs.append({"role": "user", "content": text})
-    return msgs
-
-
-RUNAWAY_CHARS_PER_TOKEN = 6
-"""A local VS candidate longer than this many characters per token of the partner's plain
-``max_new_tokens`` is a runaway (see ``vs.runaway``)."""
-
-
-def _run_text_requests(items: list[_Req], stats: RolloutStats, vs: bool) -> None:
-    """Endpoint partners and Verbalized Sampling: text in, text out, nothing trained on these turns."""
+def _run_text_requests(items: list[_Req], stats: RolloutStats) -> None:
+    """Text in, text out (an endpoint, or a local model under Verbalized Sampling): nothing is trained on
+    these turns. A binding's decoder says how a reply is asked for: plainly, or by Verbalized Sampling
+    (:func:`scope.partners.vs.decode`)."""
     b = items[0].binding
     for r in items:
         r.job.episode.traces[r.role].n_turns += 1
@@ -398,95 +402,32 @@ def _run_text_requests(items: list[_Req], stats: RolloutStats, vs: bool) -> None
     def sessions(reqs):
         return [(r.job.uid, r.role, "text") for r in reqs]
 
-    if not vs:
-        outs = _chat(b.ref, [r.job.env.views[r.role] for r in items], b.sampling, sessions=sessions(items))
+    def count(model_id: str, n: int) -> None:
+        _count(stats, model_id or b.id, n)
+
+    def chat(convs, sp, response_format=None, prefix="", sessions=None) -> list[Completion | BaseException]:
         stats.calls += 1
+        return _chat(b.ref, convs, sp, response_format=response_format, prefix=prefix, sessions=sessions)
+
+    if b.vs is None:
+        outs = chat([r.job.env.views[r.role] for r in items], b.sampling, sessions=sessions(items))
         for r, c in zip(items, outs):
             if isinstance(c, BaseException):
                 r.error = c
             else:
                 r.text, r.finish_reason = c.text, c.finish_reason
-                _count(stats, c.model_id or b.id, len(c.token_ids))
+                count(c.model_id, len(c.token_ids))
         return
     starts: dict[str, list[_Req]] = {}  # replies the env forces to begin a certain way are asked for apart
     for r in items:
         starts.setdefault(r.prefix, []).append(r)
     for start, group in starts.items():
-        _run_vs_requests(group, stats, start, sessions)
-
-
-def _run_vs_requests(items: list[_Req], stats: RolloutStats, start: str, sessions) -> None:
-    """Verbalized Sampling for requests whose replies must begin with ``start`` (usually none): every
-    candidate is asked to, a local model's first one is given it, and only candidates that do are drawn
-    from; the plain fallback of a local model is given it too."""
-    b = items[0].binding
-    cfg = b.vs
-    assert cfg is not None  # a Verbalized Sampling binding carries its VS settings
-    instr = vs_mod.instruction(cfg.k, cfg.method, vs_mod.max_words(cfg.max_words, b.sampling.max_new_tokens),
-                               start=start)
-    rf = ({"type": "json_schema", "json_schema": vs_mod.json_schema(cfg.k, cfg.method)}
-          if getattr(b.ref, "json_schema", False) else None)
-    local = not is_chat(b.ref)
-    # a local model gets the opening of the JSON object and stops once the list is closed
-    prefix = vs_mod.JSON_PREFIX + vs_mod.json_start(start) if local else ""
-    # ... and stops early once it has k complete candidates, or when one candidate runs on far longer
-    # than a plain reply could
-    limit = RUNAWAY_CHARS_PER_TOKEN * b.sampling.max_new_tokens
-
-    def stop_fn(text: str) -> bool:  # (a runaway with no restart left is stopped too)
-        return vs_mod.complete(prefix + text, cfg.k) or vs_mod.runaway(prefix + text, limit)
-
-    def restart_fn(text: str) -> bool:  # a runaway attempt is started over at once, in the running batch
-        return vs_mod.runaway(prefix + text, limit)
-
-    records: dict[int, dict[str, Any]] = {id(r): {"attempts": 0, "errors": []} for r in items}
-    todo, left_over = list(items), []
-    while todo:
-        left = min(1 + cfg.max_reasks - records[id(r)]["attempts"] for r in todo)
-        vs_sp = SamplingParams(temperature=b.sampling.temperature, top_p=b.sampling.top_p,
-                               max_new_tokens=cfg.max_new_tokens, stop=("]}",) if local else (),
-                               stop_fn=stop_fn if local else None, restart_fn=restart_fn if local else None,
-                               max_restarts=left - 1)
-        outs = _chat(b.ref, [_with_instruction(r.job.env.views[r.role], instr) for r in todo], vs_sp, rf, prefix,
-                     sessions=sessions(todo))
-        stats.calls += 1
-        again = []
-        for r, c in zip(todo, outs):
-            rec = records[id(r)]
-            rec["attempts"] += 1
-            if isinstance(c, BaseException):
-                rec["errors"].append(f"{type(c).__name__}: {c}")
-            else:
-                rec["attempts"] += len(c.discarded)
-                rec["errors"] += ["runaway candidate (restarted in the batch)"] * len(c.discarded)
-                _count(stats, c.model_id or b.id, len(c.token_ids) + c.discarded_tokens)
-                parsed = vs_mod.starting_with(vs_mod.parse(c.text, cfg.k, cfg.method), start)
-                if parsed.ok:
-                    idx = vs_mod.draw(parsed, r.job.env.rng)
-                    rec.update(candidates=parsed.texts, probs=parsed.probs, index=idx, fallback=False)
-                    r.text = parsed.texts[idx]
-                    continue
-                rec["errors"].append(parsed.error)
-            if rec["attempts"] < 1 + cfg.max_reasks:
-                again.append(r)
-            else:
-                left_over.append(r)
-        todo = again
-    todo = left_over
-    if todo:  # plain reply as the fallback
-        outs = _chat(b.ref, [r.job.env.views[r.role] for r in todo], b.sampling, prefix=start,
-                     sessions=sessions(todo))
-        stats.calls += 1
-        for r, c in zip(todo, outs):
-            rec = records[id(r)]
-            rec.update(candidates=[], probs=[], index=None, fallback=True)
-            if isinstance(c, BaseException):
-                r.error = c
-            else:
-                r.text, r.finish_reason = c.text, c.finish_reason
-                _count(stats, c.model_id or b.id, len(c.token_ids))
-    for r in items:
-        r.job.episode.meta.setdefault("vs", []).append({"role": r.role, **records[id(r)]})
+        asks = [vs_mod.Ask(r.job.env.views[r.role], r.job.env.rng, s) for r, s in zip(group, sessions(group))]
+        outcomes = vs_mod.decode(asks, b.vs, b.sampling, start, chat, count, local=not is_chat(b.ref),
+                                 schema=bool(getattr(b.ref, "json_schema", False)))
+        for r, o in zip(group, outcomes):
+            r.text, r.finish_reason, r.error = o.text, o.finish_reason, o.error
+            r.job.episode.vs.append({"role": r.role, **o.record})
 
 
 def _judge(jobs: list[Job], judge: Binding, stats: RolloutStats) -> None:

@@ -134,6 +134,7 @@ END_REASONS: dict[str, str] = {
     "accepted": "lab: the customer accepted an offer",
     "refused": "lab: the customer refused an offer",
     "game_over": "koth: the game ended",
+    "replay_end": "a replayed role made its last recorded reply (Job.stop_after): the episode is not graded",
 }
 """Every way an episode ends (``Episode.status``, ``Env.finish``). An environment with an end of its own lists
 it in its ``end_reasons``; ``Env.finish`` refuses a reason that is in neither."""
@@ -151,7 +152,16 @@ class Episode:
     rewards: dict[str, float] = field(default_factory=dict)
     status: str = "running"  # one of END_REASONS
     error: str | None = None
+    turns: dict[str, int] = field(default_factory=dict)
+    """Replies each role made (set when the dialogue ends)."""
+    truncated_replies: dict[str, int] = field(default_factory=dict)
+    """Replies of each role cut off at its ``max_new_tokens``."""
+    vs: list[dict[str, Any]] = field(default_factory=list)
+    """One record per Verbalized Sampling turn (role, candidates, the draw, re-asks, fallback)."""
+    advantage: dict[str, float] = field(default_factory=dict)
+    """Each trained role's advantage in its update."""
     meta: dict[str, Any] = field(default_factory=dict)
+    """The environment's own record (e.g. ``coop``, ``envsim``, ``decision``) and evaluation labels."""
 
     @property
     def failed(self) -> bool:
@@ -166,6 +176,10 @@ class Episode:
             "status": self.status,
             "error": self.error,
             "rewards": self.rewards,
+            "turns": self.turns,
+            "truncated_replies": self.truncated_replies,
+            "advantage": self.advantage,
+            "vs": self.vs,
             "tokens": {r: {"total": len(t.token_ids), "generated": t.n_generated, "turns": t.n_turns}
                        for r, t in self.traces.items()},
             "models": {r: [list(m) for m in t.models] for r, t in self.traces.items()},

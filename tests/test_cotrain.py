@@ -57,7 +57,7 @@ def test_adversarial_cooperative_and_registered_rewards():
     assert [e.rewards["partner"] for e in eps] == [6.0, -2.0]
     with pytest.raises(ConfigError, match="unknown partner reward 'nope'"):
         parse_config({"partner": {"reward": "nope"}})
-    del PARTNER_REWARDS["test_double"]
+    PARTNER_REWARDS.entries.pop("test_double")
 
 
 @pytest.fixture()
@@ -121,7 +121,7 @@ def test_each_roles_loss_sees_only_its_own_tokens(two_adapters):
 
 def test_pool_fifo_eviction_and_shared_base(two_adapters):
     b = two_adapters
-    pool = PoolSource(b, "partner", SP, size=3, every=2, lora=dict(r=4, alpha=8))
+    pool = PoolSource(b, "partner", SP, size=3, every=2)
     pool.snapshot(0)
     with torch.no_grad():
         for n, p in b.model.named_parameters():
@@ -146,7 +146,7 @@ def test_the_pool_hands_out_frozen_snapshots_never_the_live_adapter(two_adapters
     its own adapter; after the live adapter trains, no draw plays the live weights (a pool that handed
     out the live adapter would pass the other pool tests and fail this one)."""
     b = two_adapters
-    pool = PoolSource(b, "partner", SP, size=3, every=1, lora=dict(r=4, alpha=8))
+    pool = PoolSource(b, "partner", SP, size=3, every=1)
     pool.snapshot(0)
     live = {n: p for n, p in b.model.named_parameters() if ".partner." in n and "lora_" in n}
     snap0 = {n: p.detach().clone() for n, p in live.items()}
@@ -172,7 +172,7 @@ def test_the_pool_hands_out_frozen_snapshots_never_the_live_adapter(two_adapters
 
 def test_pool_draws_are_uniform(two_adapters):
     b = two_adapters
-    pool = PoolSource(b, "partner", SP, size=5, every=1, seed=3, lora=dict(r=4, alpha=8))
+    pool = PoolSource(b, "partner", SP, size=5, every=1, seed=3)
     for s in range(5):
         pool.snapshot(s)
     n = 5000
@@ -214,7 +214,7 @@ def test_self_play_one_update_uses_both_roles(tmp_path):
     assert "partner/train/trained_sequences" not in m
     recs = [json.loads(x) for x in open(tmp_path / "s" / "rollouts" / "step_000001.jsonl")]
     assert all(r["models"]["agent"] == r["models"]["partner"] for r in recs)
-    adv = recs[0]["meta"]["advantage"]
+    adv = recs[0]["advantage"]
     assert set(adv) == {"agent", "partner"}
     with pytest.raises(ConfigError, match="same temperature"):
         parse_config({"agent": {"trainable": True}, "partner": {"trainable": True, "self_play": True,
@@ -283,7 +283,7 @@ def test_every_partner_reward_moves_the_partner(tmp_path, reward):
     assert any(signal)
     step = 1 + signal.index(True)
     recs = [json.loads(x) for x in open(tmp_path / reward / "rollouts" / f"step_{step:06d}.jsonl")]
-    assert any(abs(r["meta"]["advantage"]["partner"]) > 0 for r in recs)
+    assert any(abs(r["advantage"]["partner"]) > 0 for r in recs)
 
 
 def test_curriculum_needs_a_baseline_across_groups():
@@ -342,7 +342,8 @@ def test_cross_play_pairs_one_runs_agent_with_another_runs_partner(tmp_path):
     from safetensors.torch import load_file
 
     from scope.policy import load_policy
-    from scope.eval import evaluate, frozen_refs, load_panel
+    from scope.eval import evaluate, load_panel
+    from scope.models.loading import frozen_refs
 
     for name, seed in (("A", 0), ("B", 7)):
         c = cfg(tmp_path / name, {"trainable": True, "reward": "adversarial"}, steps=1)

@@ -188,7 +188,7 @@ def test_vs_partner_samples_a_candidate_and_records_it(smol_tokenizer):
     eps, _ = run_rollouts([vs_job(smol_tokenizer, ref, {"k": 2})])
     e = eps[0]
     assert e.messages[-1] == {"role": "partner", "content": "Sure [DONATE $2]"}
-    rec = e.meta["vs"][0]
+    rec = e.vs[0]
     assert rec["candidates"] == ["Sure [DONATE $2]", "No way"] and rec["index"] == 0 and not rec["fallback"]
     assert rec["attempts"] == 1 and e.rewards["agent"] == 1.0
     assert ref.formats[0]["type"] == "json_schema"
@@ -197,7 +197,7 @@ def test_vs_partner_samples_a_candidate_and_records_it(smol_tokenizer):
 def test_vs_reasks_twice_then_falls_back_to_a_plain_reply(smol_tokenizer):
     ref = ScriptedChat(["not json", "still not", "nope", "Fine, [DONATE $1]"])
     eps, _ = run_rollouts([vs_job(smol_tokenizer, ref, {"k": 5, "max_reasks": 2})])
-    rec = eps[0].meta["vs"][0]
+    rec = eps[0].vs[0]
     assert rec["attempts"] == 3 and rec["fallback"] and rec["index"] is None and len(rec["errors"]) == 3
     assert eps[0].messages[-1]["content"] == "Fine, [DONATE $1]"
     assert ref.formats[-1] is None  # the fallback is a plain request
@@ -207,8 +207,8 @@ def test_vs_on_a_local_model(tmp_path):
     partner = {"model": "policy", "decoding": "vs", "vs": {"k": 3, "max_new_tokens": 24}}
     train(tiny_cfg(tmp_path / "v", partner, steps=1), log=lambda s: None)
     recs = rollouts(tmp_path / "v")
-    assert all(r["meta"]["vs"] and r["meta"]["partner"] == "policy+vs" for r in recs)
-    vs = [v for r in recs for v in r["meta"]["vs"]]
+    assert all(r["vs"] and r["meta"]["partner"] == "policy+vs" for r in recs)
+    vs = [v for r in recs for v in r["vs"]]
     for v in vs:  # a random model rarely closes a text string: most turns fall back to a plain reply
         assert 1 <= v["attempts"] <= 3 and len(v["errors"]) >= v["attempts"] - (0 if v["fallback"] else 1)
         if not v["fallback"]:

@@ -27,7 +27,7 @@ def test_one_batched_call_per_model_per_round(smol_tokenizer):
     partner = ScriptedRef(smol_tokenizer, ["No."], "partner")
     eps, st = run_rollouts(p4g_jobs({"agent": agent, "partner": partner}, 6, max_turns=3), SP)
     assert [len(c) for c in agent.calls] == [6, 6, 6] and [len(c) for c in partner.calls] == [6, 6, 6]
-    assert all(e.status == "max_turns" and e.meta["turns"] == {"agent": 3, "partner": 3} for e in eps)
+    assert all(e.status == "max_turns" and e.turns == {"agent": 3, "partner": 3} for e in eps)
     assert st.tokens_generated == sum(e.traces["agent"].n_generated + e.traces["partner"].n_generated for e in eps)
 
 
@@ -104,3 +104,27 @@ def test_every_end_reason_in_the_code_is_documented():
         env.finish("wandered_off")
     env.finish("refused")
     assert env.done and env.end_reason == "refused"
+
+
+def test_a_replay_ends_after_its_recorded_turns_ungraded_not_failed(smol_tokenizer):
+    """``Job.stop_after``: the dialogue ends when the replayed agent has made its recorded replies; the
+    partner's answer to the last one is kept, nothing is graded, nothing fails (the probe's and the variance
+    decomposition's replays end this way)."""
+    from scope.eval import ReplayRef
+    from scope.partners.binding import Binding
+    from scope.rollout import Play, make_jobs
+
+    env_cls = get_env("p4g")
+    task = env_cls.load_tasks("train")[0]
+    partner = ScriptedRef(smol_tokenizer, ["No thanks."], "partner")
+    sp = SamplingParams(max_new_tokens=8)
+
+    def play(stop_after):
+        return Play(task, Episode(task.id, "g", 0), {"agent": Binding("replay", ReplayRef(["Please give."]), sp),
+                                                     "partner": Binding("p", partner, sp)}, stop_after=stop_after)
+
+    (ep,), _ = run_rollouts(make_jobs(env_cls, [play({"agent": 1})], {"max_turns": 3}, random.Random(0), "t"))
+    assert ep.status == "replay_end" and not ep.failed and ep.rewards == {}
+    assert [m["role"] for m in ep.messages] == ["agent", "partner"] and ep.turns == {"agent": 1, "partner": 1}
+    (ep,), _ = run_rollouts(make_jobs(env_cls, [play(None)], {"max_turns": 3}, random.Random(0), "t"))
+    assert ep.failed and "no more agent turns" in ep.error  # without it, the replay runs dry and fails

@@ -92,7 +92,7 @@ def test_cut_off_turn_ends_episode_as_truncated(smol_tokenizer):
               bindings={"agent": ScriptedRef(tok, AGENT, cut_off={1}), "partner": ScriptedRef(tok, PARTNER)})
     sp = {"agent": SamplingParams(max_new_tokens=64), "partner": SamplingParams(max_new_tokens=64)}
     eps, _ = run_rollouts([job], sp, end_on_truncation=True)
-    assert eps[0].status == "truncated" and eps[0].meta["truncated_replies"] == {"agent": 1}
+    assert eps[0].status == "truncated" and eps[0].truncated_replies == {"agent": 1}
     assert eps[0].traces["agent"].n_turns == 2
     from scope.train import episode_metrics
 
@@ -118,7 +118,7 @@ def test_truncation_is_handled_alike_in_training_and_evaluation(smol_tokenizer):
         res = evaluate(agent, panel, refs, "p4g", {"max_turns": 2}, "test", end_on_truncation=end)
         assert res["per_partner"]["p"]["truncated"] == (2 if end else 0)
         assert ({e["status"] for e in res["episodes"]} == {"truncated"}) == end
-        assert all(e["meta"]["truncated_replies"]["agent"] >= 1 for e in res["episodes"])
+        assert all(e["truncated_replies"]["agent"] >= 1 for e in res["episodes"])
 
 
 def test_the_variance_decomposition_ends_cut_off_replays_as_training_does(smol_tokenizer):

@@ -174,13 +174,14 @@ def test_runaway_vs_attempts_restart_inside_one_call(monkeypatch):
     """Every attempt of a (tiny, random) local VS partner is made a runaway: its re-asks happen inside
     the one batched call, then the plain fallback is the only other call."""
     from scope import rollout
+    from scope.partners import vs
     from scope.config import VSConfig
     from scope.envs import get_env
     from scope.models.local import ModelRef, load_tokenizer, tiny_backend
     from scope.partners.sources import Binding
     from scope.types import Episode, SamplingParams
 
-    monkeypatch.setattr(rollout, "RUNAWAY_CHARS_PER_TOKEN", 0.25)  # a 2-character candidate is a runaway
+    monkeypatch.setattr(vs, "RUNAWAY_CHARS_PER_TOKEN", 0.25)  # a 2-character candidate is a runaway
     b = tiny_backend(load_tokenizer("tiny-random"), seed=0)
     calls = []
     orig = b.generate
@@ -195,7 +196,7 @@ def test_runaway_vs_attempts_restart_inside_one_call(monkeypatch):
                               "partner": Binding("vs", ref, sp, vs=VSConfig(k=3, max_new_tokens=64))}, uid=i)
             for i in range(3)]
     eps, _ = rollout.run_rollouts(jobs, end_on_truncation=False)
-    recs = [v for e in eps for v in e.meta["vs"]]
+    recs = [v for e in eps for v in e.vs]
     assert len(recs) == 3
     vs_calls = [c for c in calls[1:] if c[1] > 0]
     assert vs_calls == [(3, 2)]  # one VS call for the 3 dialogues, allowed 2 restarts each
@@ -297,7 +298,7 @@ def _forced_vs_turns(partner, n=6):
                 episode=Episode(task.id, str(i), 0), bindings={"agent": agent, "partner": partner}, uid=i)
             for i in range(n)]
     eps, _ = run_rollouts(jobs, end_on_truncation=False)
-    return [e.meta["vs"][-1] for e in eps], [j.env.views["agent"][-1]["content"] for j in jobs]
+    return [e.vs[-1] for e in eps], [j.env.views["agent"][-1]["content"] for j in jobs]
 
 
 def test_a_forced_decision_reaches_a_verbalized_sampling_partner():
