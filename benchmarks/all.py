@@ -81,6 +81,10 @@ def table(got: dict, when: dict, benches_run: list[str]) -> list[str]:
     return rows
 
 
+NOTES = "## Notes"
+"""docs/benchmarks.md's hand-written part: measurements behind choices in the code, kept across rewrites."""
+
+
 def write_docs(got: dict, benches_run: list[str]) -> str:
     """Merge this run's figures into docs/benchmarks.json and rewrite docs/benchmarks.md from it."""
     path = os.path.join(DOCS, "benchmarks.json")
@@ -94,11 +98,15 @@ def write_docs(got: dict, benches_run: list[str]) -> str:
     all_got = {(b, k): v for b, figs in stored.items() for k, v in figs.items() if not k.startswith("_")}
     when = {b: figs.get("_measured", "") for b, figs in stored.items()}
     md = os.path.join(DOCS, "benchmarks.md")
+    old = open(md).read() if os.path.exists(md) else ""
+    notes = old[old.index(NOTES):] if NOTES in old else ""  # the hand-written notes below the table stay
     with open(md, "w") as f:
         f.write("# Benchmarks\n\nWritten by `make bench` (`benchmarks/all.py`): the latest figure of each benchmark on "
                 "this project's 2-core CPU machine, beside its goal. Each script prints more than its headline "
                 "figures (run it alone for the detail); earlier figures are in the git history of this file.\n\n")
         f.write("\n".join(table(all_got, when, list(stored))) + "\n")
+        if notes:
+            f.write("\n" + notes)
     return md
 
 

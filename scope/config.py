@@ -182,10 +182,11 @@ class RoleConfig(PartnerSpec):
     """partner: played by the agent's own adapter; one update uses both roles' tokens, each with its own
     mask and advantages."""
     pool: PoolConfig = PoolConfig()
-    source: Literal["single", "rotation", "persona", "pool"] = "single"
+    source: str = "single"
     """single: this spec; rotation: the specs in ``rotation``, in a fixed cycle; persona: this spec plus a
     persona drawn per rollout from ``personas``; pool: a snapshot drawn per rollout from a FIFO pool of
-    this trainable role's adapter (Population Co-Training)."""
+    this trainable role's adapter (Population Co-Training); or a registered source
+    (``scope.partners.registry.PARTNER_SOURCES``)."""
     rotation: list[PartnerSpec] = []
     """rotation: the partner specs cycled through (one per task group)."""
     group_shared: bool = True
@@ -195,6 +196,11 @@ class RoleConfig(PartnerSpec):
 
     @model_validator(mode="after")
     def _source_fields(self):
+        from .partners.registry import PARTNER_SOURCES
+
+        if self.source not in PARTNER_SOURCES.names():
+            raise ValueError(f"source: unknown partner source {self.source!r}; registered: "
+                             f"{', '.join(PARTNER_SOURCES.names())}")
         if self.source == "rotation" and len(self.rotation) < 1:
             raise ValueError("source rotation needs a non-empty rotation list")
         if self.trainable and (self.source not in ("single", "pool") or self.decoding != "plain"):
@@ -206,7 +212,8 @@ class RoleConfig(PartnerSpec):
         from .partners.rewards import PARTNER_REWARDS
 
         if self.reward not in PARTNER_REWARDS:
-            raise ValueError(f"reward: unknown partner reward {self.reward!r}; registered: {sorted(PARTNER_REWARDS)}")
+            raise ValueError(f"reward: unknown partner reward {self.reward!r}; registered: "
+                             f"{', '.join(PARTNER_REWARDS.names())}")
         return self
 
     def specs(self) -> list[PartnerSpec]:

@@ -68,11 +68,11 @@ def _rows(model: type[BaseModel], prefix: str) -> list[str]:
 
 def _env_options() -> list[str]:
     from .envs import get_env
-    from .envs.base import BUILTIN
+    from .envs.base import ENVS
 
     out = ["", "Each built-in environment's `env.options` (the named parameters of its constructor and task "
                "loader):", "", "| environment | options (defaults) |", "|---|---|"]
-    for name in sorted(BUILTIN):  # not one registered at run time (a plugin, a test's)
+    for name in sorted(ENVS.builtin):  # not one registered at run time (a plugin, a test's)
         try:
             cls = get_env(name)
         except Exception:  # noqa: BLE001 - a plugin that does not import is not documented here

@@ -11,9 +11,11 @@ import re
 from collections import Counter
 from typing import Callable, Sequence
 
+from .registry import Registry
 from .types import Episode
 
-CLASSIFIERS: dict[str, Callable[[str], str]] = {}
+CLASSIFIERS: Registry[Callable[[str], str]] = Registry("behaviour classifier", group="scope.classifiers")
+"""Each environment's partner-behaviour classifier (reply -> class), registered when its module loads."""
 
 
 def classifier_of(env_name: str) -> Callable[[str], str] | None:
@@ -24,15 +26,11 @@ def classifier_of(env_name: str) -> Callable[[str], str] | None:
         get_env(env_name)
     except KeyError:
         return None
-    return CLASSIFIERS.get(env_name)
+    return CLASSIFIERS.find(env_name)
 
 
-def register_classifier(env_name: str):
-    def deco(fn: Callable[[str], str]) -> Callable[[str], str]:
-        CLASSIFIERS[env_name] = fn
-        return fn
-
-    return deco
+def register_classifier(env_name: str) -> Callable[[Callable[[str], str]], Callable[[str], str]]:
+    return CLASSIFIERS.register(env_name)
 
 
 @register_classifier("p4g")

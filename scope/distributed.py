@@ -30,6 +30,8 @@ from typing import Any
 # Ray reads this when it is imported: without it a local instance listens on the machine's own address
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
+from .contracts import Rollout
+from .models.backend import ModelRef
 from .rollout import Job, RolloutStats, run_rollouts
 
 
@@ -44,10 +46,23 @@ class RefName:
     trainable: bool = False
 
 
-def make_rollout(cfg, backends: dict):
-    """``run_rollouts`` itself, or Ray workers when ``rollout.workers`` > 0."""
+class LocalRollout:
+    """The rollout engine in this process: a :class:`~scope.contracts.Rollout`."""
+
+    def __init__(self) -> None:
+        self.stats: dict[str, float] = {}
+
+    def __call__(self, jobs: list[Job], **kw) -> tuple[list, RolloutStats]:
+        return run_rollouts(jobs, **kw)
+
+    def close(self) -> None:
+        pass
+
+
+def make_rollout(cfg, backends: dict) -> Rollout:
+    """The engine in this process, or Ray workers when ``rollout.workers`` > 0."""
     if cfg.rollout.workers <= 0:
-        return run_rollouts
+        return LocalRollout()
     return RayRollout(cfg, backends)
 
 
@@ -84,7 +99,7 @@ class RayRollout:
 
     # -- naming references --
     def _name(self, ref) -> RefName:
-        if hasattr(ref, "backend"):
+        if isinstance(ref, ModelRef):
             key = self.key_of.get(id(ref.backend))
             if key is None:
                 raise ValueError(f"model reference {ref.id!r} is not on one of this run's backends")
@@ -108,7 +123,7 @@ class RayRollout:
         local = getattr(self.backends[key], "local", self.backends[key])
         if adapter is None:
             return version, {k: t.detach().cpu() for k, t in local.model.state_dict().items()}, None
-        return version, _adapter_state(local, adapter), _adapter_config(local, adapter)
+        return version, _adapter_state(local, adapter), local.lora_settings(adapter)
 
     def __call__(self, jobs: list[Job], **kw) -> tuple[list, RolloutStats]:
         ray = self.ray
@@ -180,22 +195,17 @@ def _adapter_state(local, adapter: str) -> dict:
     return {k: t.detach().cpu().clone() for k, t in state.items()}
 
 
-def _adapter_config(local, adapter: str) -> dict:
-    c = local.model.peft_config[adapter]
-    tm = c.target_modules
-    return {"r": c.r, "alpha": c.lora_alpha, "dropout": c.lora_dropout,
-            "target_modules": sorted(tm) if isinstance(tm, (set, list, tuple)) else tm}
-
-
 def _swap_binding(b, name_of):
     from dataclasses import replace
 
-    return replace(b, ref=name_of(b.ref)) if hasattr(b, "ref") else name_of(b)
+    return replace(b, ref=name_of(b.ref))
 
 
 def _swap_job(j: Job, name_of) -> Job:
-    return Job(env=j.env, episode=j.episode, bindings={r: _swap_binding(b, name_of) for r, b in j.bindings.items()},
-               uid=j.uid)
+    """``j`` with each binding's model replaced by ``name_of(model)`` (a name a worker resolves, and back)."""
+    from dataclasses import replace
+
+    return replace(j, bindings={r: _swap_binding(b, name_of) for r, b in j.bindings.items()})
 
 
 class RolloutWorker:
@@ -222,7 +232,6 @@ class RolloutWorker:
 
                 self.refs[n] = OpenAIRef.from_config(n.key, self.cfg.models[n.key], self.cfg.run.seed + self.index)
             else:
-                from .models.local import ModelRef
 
                 self.refs[n] = ModelRef(id=n.id, backend=self.backends[n.key], adapter=n.adapter,
                                         trainable=n.trainable)
@@ -264,10 +273,10 @@ class RolloutWorker:
 
 
 
-def scale_metrics(rollout, backends: dict) -> dict[str, float]:
+def scale_metrics(rollout: Rollout, backends: dict) -> dict[str, float]:
     """Cumulative counters of the Ray workers (``ray/...``) and of each vLLM engine (``engine/<model>/...``)."""
     out: dict[str, float] = {}
-    for k, v in getattr(rollout, "stats", {}).items():
+    for k, v in rollout.stats.items():
         out[f"ray/{k}"] = float(v)
     for key, b in backends.items():
         for k, v in getattr(b, "stats", {}).items() if hasattr(b, "engine") else ():

@@ -14,7 +14,9 @@ from .types import Episode, Task
 def endpoint_metrics(jobs: list[Job], seen: dict[str, dict[str, int]]) -> dict[str, float]:
     """This step's requests, retries, timeouts and failures per API endpoint (``endpoint/<model>/...``)."""
     out: dict[str, float] = {}
-    refs = {id(b.ref): b.ref for j in jobs for b in j.bindings.values() if hasattr(b.ref, "stats")}
+    from .models.openai_backend import OpenAIRef
+
+    refs = {id(b.ref): b.ref for j in jobs for b in j.bindings.values() if isinstance(b.ref, OpenAIRef)}
     for ref in refs.values():
         now, before = ref.stats.snapshot(), seen.get(ref.id, {})
         out.update({f"endpoint/{ref.id}/{k}": float(v - before.get(k, 0)) for k, v in now.items()})

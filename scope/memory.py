@@ -1,5 +1,5 @@
 """glibc's allocator, held still for the learner: freed pages handed back before and after each update, and the mmap
-threshold fixed so that an update's peak does not grow step after step (docs/internals.md, "Learner", has the
+threshold fixed so that an update's peak does not grow step after step (docs/benchmarks.md, "Notes", has the
 measurements behind both)."""
 from __future__ import annotations
 

@@ -302,8 +302,7 @@ def training_copy(cfg, owner: str, seed: int):
         mc = mc.model_copy(update={"backend": "local"})  # (an engine samples for the generation copy only)
     b = open_backend(mc, f"{rc.model}#train", seed=seed)
     if mc.finetune == "lora":
-        b.add_lora(owner, r=mc.lora.r, alpha=mc.lora.alpha, dropout=mc.lora.dropout,
-                   target_modules=mc.lora.target_modules, top_layers=mc.lora.top_layers)
+        b.add_lora(owner, **mc.lora.model_dump())
         return b, owner
     return b, None
 

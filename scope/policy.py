@@ -8,7 +8,8 @@ import os
 def load_policy(policy: str, cfg_path: str | None, model: str | None, overrides: list[str]):
     """The agent to evaluate: a checkpoint directory (its config and adapter) or 'base'. Returns (the run
     config, the loaded backends, the agent's binding)."""
-    from .config import apply_override, load_config, parse_config
+    from .config import ConfigError, apply_override, load_config, parse_config
+    from .models.loading import adapter_dir, load_frozen_adapter
     from .models.local import ModelRef, load_backend
     from .partners.binding import spec_binding
 
@@ -30,18 +31,17 @@ def load_policy(policy: str, cfg_path: str | None, model: str | None, overrides:
     b = load_backend(mc.path, name=cfg.agent.model, seed=cfg.run.seed, dtype=mc.dtype, device=mc.device)
     adapter = None
     if policy != "base":
-        src = os.path.join(policy, "agent")
-        src = os.path.join(src, "agent") if os.path.isdir(os.path.join(src, "agent")) else \
-            (src if os.path.isdir(src) else policy)
-        if os.path.exists(os.path.join(src, "adapter_config.json")):
-            from peft import set_peft_model_state_dict
-            from peft.utils import load_peft_weights
-
-            b.add_lora("agent", r=mc.lora.r, alpha=mc.lora.alpha, target_modules=mc.lora.target_modules)
-            set_peft_model_state_dict(b.model, load_peft_weights(src), adapter_name="agent")
+        try:
+            d = adapter_dir(policy, roles=("agent",))
+        except ConfigError:
+            d = None
+        if d is not None:  # a LoRA checkpoint: its adapter on the run's base, as saved (rank, layers, modules)
+            load_frozen_adapter(ModelRef(f"{cfg.agent.model}:base", b), d, "agent")
             adapter = "agent"
-        elif os.path.exists(os.path.join(src, "config.json")):
-            b = load_backend(src, name=cfg.agent.model, seed=cfg.run.seed)
-        else:
-            raise FileNotFoundError(f"{policy}: no adapter or model weights found")
+        else:  # a fully fine-tuned checkpoint: its own weights
+            full = [x for x in (os.path.join(policy, "agent", "agent"), os.path.join(policy, "agent"), policy)
+                    if os.path.exists(os.path.join(x, "config.json"))]
+            if not full:
+                raise FileNotFoundError(f"{policy}: no adapter or model weights found")
+            b = load_backend(full[0], name=cfg.agent.model, seed=cfg.run.seed)
     return cfg, {cfg.agent.model: b}, spec_binding(cfg.agent, ModelRef(f"{cfg.agent.model}:{policy}", b, adapter))

@@ -11,7 +11,7 @@ from typing import Any
 
 from .config import Config
 from .models.local import LocalBackend, ModelRef, open_backend
-from .models.loading import backend_key, frozen_ref
+from .models.loading import backend_key, frozen_refs
 from .partners.sources import build_sources
 
 
@@ -38,27 +38,14 @@ def build_models(cfg: Config) -> tuple[dict[str, LocalBackend], dict[str, Any], 
         mc = cfg.models[rc.model]
         b = backend(rc.model, rc.model)
         if mc.finetune == "lora":
-            b.add_lora(role, r=mc.lora.r, alpha=mc.lora.alpha, dropout=mc.lora.dropout,
-                       target_modules=mc.lora.target_modules, top_layers=mc.lora.top_layers)
+            b.add_lora(role, **mc.lora.model_dump())
             trainable[role] = ModelRef(id=f"{rc.model}:{role}", backend=b, adapter=role, trainable=True)
         else:
             trainable[role] = ModelRef(id=f"{rc.model}:{role}", backend=b, trainable=True)
-    frozen: dict[str, Any] = {}
-    for _role, rc in cfg.roles().items():
-        if rc.trainable:
-            continue
-        for spec in rc.specs():
-            name = spec.model
-            if name in frozen:
-                continue
-            mc = cfg.models[name]
-            if mc.backend == "openai":
-                from .models.openai_backend import OpenAIRef
-
-                frozen[name] = OpenAIRef.from_config(name, mc, cfg.run.seed)
-            else:
-                key = f"{name}#frozen" if name in full_trained else name
-                frozen[name] = frozen_ref(name, mc, backend(key, name))
+    frozen_models = {s.model: cfg.models[s.model] for rc in cfg.roles().values() if not rc.trainable
+                     for s in rc.specs()}
+    frozen = frozen_refs(frozen_models, backends, cfg.run.seed,
+                         backend_of=lambda name: backend(f"{name}#frozen" if name in full_trained else name, name))
     return backends, build_sources(cfg, frozen, trainable), trainable
 
 
@@ -66,7 +53,6 @@ def build_judge(cfg: Config, backends: dict[str, LocalBackend]):
     """The binding of ``env.judge`` (frozen: a model's base weights or an endpoint), or None."""
     if cfg.env.judge is None:
         return None
-    from .eval import frozen_refs
     from .partners.binding import spec_binding
 
     name = cfg.env.judge.model

@@ -158,3 +158,33 @@ def test_the_config_reference_is_generated_from_the_code():
     assert set(Config.model_fields) <= {line.split("`")[1].split(".")[0] for line in ref.splitlines()
                                         if line.startswith("| `") and "." in line.split("`")[1]} | {
         "models", "agent", "partner", "envsim"}
+
+
+def test_the_module_map_names_every_module_of_the_tree():
+    """docs/internals.md's map of scope/ is written from the tree: every top-level module and every package is
+    named in it, and nothing it names at the top level is missing."""
+    import re
+
+    text = open(os.path.join(ROOT, "docs", "internals.md")).read()
+    block = text[text.index("```\nscope/"):text.index("```", text.index("```\nscope/") + 4)]
+    pkg = os.path.join(ROOT, "scope")
+    tree = {n for n in os.listdir(pkg) if n.endswith(".py") and n != "__init__.py"} | \
+        {n + "/" for n in os.listdir(pkg) if os.path.isfile(os.path.join(pkg, n, "__init__.py"))}
+    named = set(re.findall(r"^  ([\w/]+(?:\.py|/))", block, re.M)) | set(re.findall(r"(\w+\.py)", block))
+    assert tree - named == set(), f"modules of scope/ missing from docs/internals.md's map: {sorted(tree - named)}"
+    top = set(re.findall(r"^  ([\w]+(?:\.py|/))\s", block, re.M))
+    assert top - tree == set(), f"the map names what the tree does not have: {sorted(top - tree)}"
+
+
+def test_every_relative_link_in_the_docs_resolves():
+    import re
+
+    bad = []
+    for doc in DOCS:
+        for target in re.findall(r"\]\(([^)\s]+)\)", open(doc).read()):
+            if "://" in target or target.startswith("#") or target.startswith("mailto:"):
+                continue
+            path = os.path.normpath(os.path.join(os.path.dirname(doc), target.split("#")[0]))
+            if not os.path.exists(path):
+                bad.append(f"{os.path.relpath(doc, ROOT)}: {target}")
+    assert not bad, bad

@@ -342,7 +342,8 @@ def test_probe_states_are_fixed_and_measure_the_partner_not_the_agent(tmp_path):
     assert ProbeStates.load(str(tmp_path / "p.json")).states == probes.states
     sp = SamplingParams()
     partner = Binding("stub", _StubPartner(), sp)
-    m = probes.measure(tasks, [partner], sp, "p4g", {"max_turns": 2}, samples=4, classify=CLASSIFIERS["p4g"], seed=0)
+    m = probes.measure(tasks, [partner], sp, "p4g", {"max_turns": 2}, samples=4, classify=CLASSIFIERS.get("p4g"),
+                       seed=0)
     # state 1: always donate (mass 1); states 2 and 3: refuse and question alternate (mass 0.5)
     assert m["probe_states"] == 3 and m["modal_mass"] == pytest.approx((1 + 0.5 + 0.5) / 3)
 

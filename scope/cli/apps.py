@@ -87,7 +87,7 @@ def envsim_bench(args: argparse.Namespace) -> int:
             sims.append(NoisyOracle(seed=args.seed))
         else:
             from ..config import ModelConfig
-            from ..eval import frozen_refs
+            from ..models.loading import frozen_refs
             from ..partners.binding import Binding
             from ..types import SamplingParams
 

@@ -115,7 +115,8 @@ def add_eval(sub: argparse._SubParsersAction) -> None:
 
 def evaluate(args: argparse.Namespace) -> int:
     from ..eval import evaluate as run_eval
-    from ..eval import frozen_refs, load_panel, markdown, write_results
+    from ..eval import load_panel, markdown, write_results
+    from ..models.loading import frozen_refs
     from ..panels import run_sharing
     from ..policy import load_policy
     from ..setup import build_judge
@@ -153,7 +154,7 @@ def diagnose(args: argparse.Namespace) -> int:
     import json
 
     from ..eval import diagnose as run_diagnose
-    from ..eval import frozen_refs
+    from ..models.loading import frozen_refs
     from ..partners.binding import spec_binding
 
     cfg = load_config(args.spec, args.set)

@@ -45,7 +45,7 @@ STYLE = ["rational", "intuitive"]
 DEMO = ["age", "sex", "race", "edu", "marital", "employment", "income", "religion", "ideology"]
 FIELDS = [k for k, _ in BIG5] + MORAL + SCHWARTZ + STYLE + DEMO
 
-BUILTIN = os.path.join(os.path.dirname(__file__), "data", "p4g_personas.json")
+PERSONAS_FILE = os.path.join(os.path.dirname(__file__), "data", "p4g_personas.json")
 
 # each run of blanks belongs to exactly one part of the pattern (a blank run before ":" or "$" is tried
 # only together with it), so a long run of blanks that ends in no amount fails in linear time
@@ -90,7 +90,7 @@ def resolve_data_dir(path: str | None = None) -> str:
     return d
 
 
-def load_builtin_personas(path: str = BUILTIN) -> list[dict[str, Any]]:
+def load_builtin_personas(path: str = PERSONAS_FILE) -> list[dict[str, Any]]:
     with open(path) as f:
         personas = json.load(f)
     for p in personas:

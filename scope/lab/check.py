@@ -107,7 +107,8 @@ def cards_markdown(cards: dict[str, dict[str, Any]]) -> str:
 def panel_cards(cfg, episodes: int = 64, log=print) -> dict[str, dict[str, Any]]:
     """The behaviour card of every simulator on a lab config's evaluation panel (the panel's own sampling
     settings and notes), the training simulator included."""
-    from ..eval import frozen_refs, load_panel
+    from ..eval import load_panel
+    from ..models.loading import frozen_refs
     from ..partners.binding import spec_binding
 
     panel = load_panel(cfg.eval.panel)

@@ -208,7 +208,7 @@ def play(task: Task, spec: CustomerSpec | None, rng: random.Random, max_turns: i
             k = rng.choice(VS_KS)
             vdist = reply_distribution(rule, need, act, offered, asks > 0, vs_collapse, asks)
             cands = candidates(vdist, k, spec.style, need, rng, offered)
-            examples.append(Example([(_with_instruction(view, vs_mod.instruction(k, "prob")), vs_reply(cands))],
+            examples.append(Example([(vs_mod.with_instruction(view, vs_mod.instruction(k, "prob")), vs_reply(cands))],
                                     one_shot=True))
             weights = [c["probability"] for c in cands]
             reply = cands[rng.choices(range(len(cands)), weights=weights)[0]]["text"]
@@ -221,12 +221,6 @@ def play(task: Task, spec: CustomerSpec | None, rng: random.Random, max_turns: i
         revealed = need if said else revealed
         env.on_reply("partner", reply)
     return env, examples
-
-
-def _with_instruction(view: list[dict[str, str]], text: str) -> list[dict[str, str]]:
-    from ..rollout import _with_instruction as add
-
-    return add(view, text)
 
 
 def agent_corpus(n: int, seed: int, max_turns: int = 2) -> list[Example]:

@@ -138,7 +138,8 @@ def load(configs: str, overrides: list[str] | None = None):
     simulator of the grid's configs (group ``train``) and every panel member (``seen``, ``unseen``,
     ``control``)."""
     from ..config import load_config
-    from ..eval import frozen_refs, load_panel
+    from ..eval import load_panel
+    from ..models.loading import frozen_refs
     from ..partners.binding import spec_binding
     from ..setup import build_models
 

@@ -1,31 +1,26 @@
 """Model backends. ``MODEL_BUILDERS``: models that scope makes itself, named ``prefix:name`` in
-``models.<m>.path`` (``prefix -> build(name, options) -> checkpoint directory``). Built-in builders are
-named here by module path and imported on first use (the collapse lab's models are ``lab:...``); others
-register theirs with :func:`register_model_builder`. Kept free of heavy imports, and of environments."""
+``models.<m>.path`` (``prefix -> build(name, options) -> checkpoint directory``); the collapse lab's models
+are ``lab:...``. Another package adds a builder under the ``scope.models`` entry-point group, or registers
+it with :func:`register_model_builder`. Kept free of heavy imports, and of environments."""
 from __future__ import annotations
 
-import importlib
 from typing import Any, Callable
 
-MODEL_BUILDERS: dict[str, Callable[[str, dict[str, Any]], str]] = {}
-BUILTIN_BUILDERS = {"lab": "scope.lab.models:build"}
+from ..registry import Registry
+
+Builder = Callable[[str, dict[str, Any]], str]
+MODEL_BUILDERS: Registry[Builder] = Registry("model builder", builtin={"lab": "scope.lab.models:build"},
+                                             group="scope.models")
 
 
-def register_model_builder(prefix: str):
-    def deco(fn):
-        MODEL_BUILDERS[prefix] = fn
-        return fn
-
-    return deco
+def register_model_builder(prefix: str) -> Callable[[Builder], Builder]:
+    return MODEL_BUILDERS.register(prefix)
 
 
-def model_builder(prefix: str) -> Callable[[str, dict[str, Any]], str] | None:
+def model_builder(prefix: str) -> Builder | None:
     """The builder of ``prefix:...`` models, importing a built-in one on first use."""
-    if prefix not in MODEL_BUILDERS and prefix in BUILTIN_BUILDERS:
-        module, attr = BUILTIN_BUILDERS[prefix].split(":")
-        MODEL_BUILDERS[prefix] = getattr(importlib.import_module(module), attr)
-    return MODEL_BUILDERS.get(prefix)
+    return MODEL_BUILDERS.find(prefix)
 
 
 def builder_prefixes() -> list[str]:
-    return sorted(set(MODEL_BUILDERS) | set(BUILTIN_BUILDERS))
+    return MODEL_BUILDERS.names()

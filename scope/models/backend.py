@@ -88,6 +88,10 @@ class LocalBackend:
             self.model.add_adapter(name, cfg)
         self.versions[name] = 0
 
+    def lora_settings(self, name: str) -> dict[str, Any]:
+        """Adapter ``name``'s settings as :meth:`add_lora` takes them (to build the same adapter elsewhere)."""
+        return lora_settings(self.model.peft_config[name])
+
     def adapter_names(self) -> list[str]:
         return list(self.model.peft_config) if self.is_peft else []
 
@@ -294,3 +298,12 @@ class ModelRef:
         for r in outs:
             r.completion.model_id = self.id
         return outs
+
+
+def lora_settings(pc: Any) -> dict[str, Any]:
+    """A PEFT ``LoraConfig`` (an adapter in memory, or saved beside its weights) as :meth:`LocalBackend.add_lora`'s
+    keyword arguments."""
+    tm, layers = pc.target_modules, pc.layers_to_transform
+    return {"r": pc.r, "alpha": pc.lora_alpha, "dropout": pc.lora_dropout,
+            "target_modules": tm if isinstance(tm, str) else sorted(tm),
+            "layers": [layers] if isinstance(layers, int) else (list(layers) if layers is not None else None)}

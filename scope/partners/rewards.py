@@ -7,24 +7,33 @@ environment's.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from ..registry import Registry
 from ..types import Episode
 
 RewardFn = Callable[[Sequence[Episode], str, str], list]
-PARTNER_REWARDS: dict[str, RewardFn] = {}
-BASELINES: dict[str, str] = {}
-"""The advantage baseline each reward needs: ``group`` (z-score within a task's group) or ``step``
-(over all episodes of the step: a reward that is constant within a group has no signal inside it)."""
 
 
-def register_reward(name: str, baseline: str = "group"):
+@dataclass(frozen=True)
+class PartnerReward:
+    fn: RewardFn
+    baseline: str = "group"
+    """The advantage baseline the reward needs: ``group`` (z-score within a task's group) or ``step`` (over all
+    episodes of the step: a reward that is constant within a group has no signal inside it)."""
+
+
+PARTNER_REWARDS: Registry[PartnerReward] = Registry("partner reward", group="scope.partner_rewards")
+"""``partner.reward``: the built-in rewards below, and any registered with :func:`register_reward`."""
+
+
+def register_reward(name: str, baseline: str = "group") -> Callable[[RewardFn], RewardFn]:
     if baseline not in ("group", "step"):
         raise ValueError(f"baseline must be 'group' or 'step', not {baseline!r}")
 
     def deco(fn: RewardFn) -> RewardFn:
-        PARTNER_REWARDS[name] = fn
-        BASELINES[name] = baseline
+        PARTNER_REWARDS.register(name, PartnerReward(fn, baseline))
         return fn
 
     return deco
@@ -32,7 +41,10 @@ def register_reward(name: str, baseline: str = "group"):
 
 def baseline_of(reward: str, setting: str = "auto") -> str:
     """The baseline a role's advantages use: its ``baseline`` setting, or (``auto``) its reward's."""
-    return BASELINES.get(reward, "group") if setting == "auto" else setting
+    if setting != "auto":
+        return setting
+    found = PARTNER_REWARDS.find(reward)
+    return found.baseline if found is not None else "group"
 
 
 def _agent_r(ep: Episode, agent: str) -> float | None:
@@ -98,8 +110,6 @@ def curriculum(episodes, role, agent="agent"):
 
 
 def apply_partner_reward(name: str, episodes: Sequence[Episode], role: str, agent: str = "agent") -> None:
-    if name not in PARTNER_REWARDS:
-        raise KeyError(f"unknown partner reward {name!r}; registered: {sorted(PARTNER_REWARDS)}")
-    for e, r in zip(episodes, PARTNER_REWARDS[name](episodes, role, agent)):
+    for e, r in zip(episodes, PARTNER_REWARDS.get(name).fn(episodes, role, agent)):
         if r is not None:
             e.rewards[role] = float(r)

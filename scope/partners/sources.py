@@ -10,11 +10,13 @@ from __future__ import annotations
 import json
 import os
 import random
-from typing import Any
+from typing import Any, Callable
 
 from ..config import Config
 from ..contracts import ModelHandle
 from ..models.local import ModelRef
+from ..registry import Registry
+from .registry import PARTNER_SOURCES, SourceContext
 from ..types import Task
 from .binding import Binding, PartnerSource, spec_binding, spec_sampling  # noqa: F401 - re-exported: what sources hand out
 
@@ -57,28 +59,24 @@ class RotationSource:
         self.counter = sd["counter"]
 
 
-PERSONA_POOLS: dict[str, Any] = {}
+PERSONA_POOLS: Registry[Callable[[], list[dict[str, str]]]] = Registry(
+    "persona pool", builtin={"lab": "scope.envs.lab:persona_pool"}, group="scope.persona_pools")
 """Named persona pools (``personas: <name>``): a function returning [{id, text}]; environments add theirs."""
-BUILTIN_POOLS = {"lab": "scope.envs.lab:persona_pool"}  # imported on first use
 
 
-def register_persona_pool(name: str, load) -> None:
-    PERSONA_POOLS[name] = load
+def register_persona_pool(name: str, load: Callable[[], list[dict[str, str]]]) -> None:
+    PERSONA_POOLS.register(name, load)
 
 
 def load_personas(spec: str) -> list[dict[str, str]]:
     """A persona pool: ``builtin`` (12 manners), a registered name (``lab``), or a JSON file of {id, text}
     (a list, or an object whose ``personas`` is that list, as ``scope personas evolve`` writes)."""
-    if spec not in PERSONA_POOLS and spec in BUILTIN_POOLS:
-        import importlib
-
-        module, attr = BUILTIN_POOLS[spec].split(":")
-        PERSONA_POOLS[spec] = getattr(importlib.import_module(module), attr)
-    if spec in PERSONA_POOLS:
-        return PERSONA_POOLS[spec]()
+    pool = PERSONA_POOLS.find(spec)
+    if pool is not None:
+        return pool()
     path = BUILTIN_PERSONAS if spec == "builtin" else spec
     if not os.path.exists(path):
-        names = ", ".join(sorted(set(PERSONA_POOLS) | set(BUILTIN_POOLS)))
+        names = ", ".join(PERSONA_POOLS.names())
         raise FileNotFoundError(f"persona pool {path!r} not found (builtin, {names} "
                                 f"or a JSON file of [{{id, text}}])")
     with open(path) as f:
@@ -113,31 +111,26 @@ class PersonaSource:
         self.current = sd["current"]
 
 
+def single_source(ctx: SourceContext) -> PartnerSource:
+    return SingleSource(ctx.bindings[0])
+
+
+def rotation_source(ctx: SourceContext) -> PartnerSource:
+    return RotationSource(ctx.bindings, group_shared=ctx.spec.group_shared)
+
+
+def persona_source(ctx: SourceContext) -> PartnerSource:
+    return PersonaSource(ctx.bindings[0], load_personas(ctx.spec.personas), seed=ctx.seed + 7,
+                         group_shared=ctx.spec.group_shared)
+
+
 def build_sources(cfg: Config, frozen_refs: dict[str, ModelHandle],
                   trainable_refs: dict[str, ModelRef]) -> dict[str, PartnerSource]:
-    """One source per role: who plays it in each rollout (a pool is a ``PoolSource``)."""
+    """One source per role: who plays it in each rollout, built by its ``source``'s registered builder."""
     out: dict[str, PartnerSource] = {}
     for role, rc in cfg.roles().items():
-        if rc.trainable and rc.source == "pool":
-            from .pool import PoolSource
-
-            ref = trainable_refs[role]
-            assert ref.adapter is not None  # (the config's validation: a pool's model is LoRA)
-            lora = cfg.models[rc.model].lora
-            out[role] = PoolSource(ref.backend, ref.adapter, spec_sampling(rc), size=rc.pool.size,
-                                   every=rc.pool.every, seed=cfg.run.seed + 11, group_shared=rc.group_shared,
-                                   lora=dict(r=lora.r, alpha=lora.alpha, dropout=lora.dropout,
-                                             target_modules=lora.target_modules, top_layers=lora.top_layers))
-            continue
-        if rc.trainable:
-            out[role] = SingleSource(spec_binding(rc, trainable_refs[role]))
-            continue
-        bindings = [spec_binding(s, frozen_refs[s.model]) for s in rc.specs()]
-        if rc.source == "rotation":
-            out[role] = RotationSource(bindings, group_shared=rc.group_shared)
-        elif rc.source == "persona":
-            out[role] = PersonaSource(bindings[0], load_personas(rc.personas), seed=cfg.run.seed + 7,
-                                      group_shared=rc.group_shared)
-        else:
-            out[role] = SingleSource(bindings[0])
+        trained = trainable_refs[role] if rc.trainable else None
+        bindings = [spec_binding(rc, trained)] if trained is not None else \
+            [spec_binding(s, frozen_refs[s.model]) for s in rc.specs()]
+        out[role] = PARTNER_SOURCES.get(rc.source)(SourceContext(role, rc, bindings, trained, cfg.run.seed))
     return out

@@ -12,7 +12,7 @@ import math
 import random
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from ..textjson import decode_string, json_values, string_tokens, walk
 
@@ -256,3 +256,113 @@ def draw(p: VSParse, rng: random.Random) -> int:
         if u < acc:
             return i
     return len(p.probs) - 1
+
+
+# ---- the decoder: how the rollout engine asks a Verbalized Sampling partner for a reply -------------------
+RUNAWAY_CHARS_PER_TOKEN = 6
+"""A local VS candidate longer than this many characters per token of the partner's plain
+``max_new_tokens`` is a runaway (see :func:`runaway`)."""
+
+
+@dataclass
+class Ask:
+    """One reply to ask for: the role's view of the dialogue, its environment's random generator (the draw
+    among the candidates), and its session (the engine's key/value reuse)."""
+
+    view: list[dict[str, str]]
+    rng: random.Random
+    session: Any = None
+
+
+@dataclass
+class Outcome:
+    text: str = ""
+    finish_reason: str = "eos"
+    error: BaseException | None = None
+    record: dict[str, Any] = field(default_factory=dict)
+    """What the episode keeps of the turn (its ``vs`` field): candidates, stated probabilities, the drawn
+    index, attempts, parse errors, and whether the plain fallback was used."""
+
+
+Chat = Callable[..., list]
+"""``chat(convs, sampling, response_format=None, prefix="", sessions=None)``: one batched text call to the
+partner's model, a Completion or an exception per conversation."""
+
+
+def with_instruction(view: list[dict[str, str]], text: str) -> list[dict[str, str]]:
+    """``view`` with ``text`` added to its last user turn (or as a user turn of its own)."""
+    msgs = [dict(m) for m in view]
+    if msgs and msgs[-1]["role"] == "user":
+        msgs[-1]["content"] = msgs[-1]["content"] + "\n\n" + text
+    else:
+        msgs.append({"role": "user", "content": text})
+    return msgs
+
+
+def decode(asks: list[Ask], cfg: Any, sampling: Any, start: str, chat: Chat, count: Callable[[str, int], None],
+           local: bool, schema: bool = False) -> list[Outcome]:
+    """Verbalized Sampling for replies that must begin with ``start`` (usually none): each ask gets the VS
+    instruction (``cfg``: k, method, max_words, max_new_tokens, max_reasks), its candidates are parsed and one
+    is drawn; a failed parse is asked again up to ``max_reasks`` times, then the plain reply is the fallback.
+    Every candidate is asked to begin with ``start``, a local model's first one is given it, and only
+    candidates that do are drawn from; the plain fallback of a local model is given it too. A local model gets
+    the opening of the JSON object and stops once the list is closed, or once it has k complete candidates; a
+    candidate that runs on far longer than a plain reply could is started over at once, in the running batch.
+    An endpoint that takes a JSON schema (``schema``) gets one. ``count(model_id, tokens)`` is told every
+    call's tokens."""
+    from ..types import SamplingParams
+
+    instr = instruction(cfg.k, cfg.method, max_words(cfg.max_words, sampling.max_new_tokens), start=start)
+    rf = {"type": "json_schema", "json_schema": json_schema(cfg.k, cfg.method)} if schema else None
+    prefix = JSON_PREFIX + json_start(start) if local else ""
+    limit = RUNAWAY_CHARS_PER_TOKEN * sampling.max_new_tokens
+
+    def stop_fn(text: str) -> bool:  # (a runaway with no restart left is stopped too)
+        return complete(prefix + text, cfg.k) or runaway(prefix + text, limit)
+
+    def restart_fn(text: str) -> bool:
+        return runaway(prefix + text, limit)
+
+    out = {id(a): Outcome(record={"attempts": 0, "errors": []}) for a in asks}
+    todo, left_over = list(asks), []
+    while todo:
+        left = min(1 + cfg.max_reasks - out[id(a)].record["attempts"] for a in todo)
+        vs_sp = SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p,
+                               max_new_tokens=cfg.max_new_tokens, stop=("]}",) if local else (),
+                               stop_fn=stop_fn if local else None, restart_fn=restart_fn if local else None,
+                               max_restarts=left - 1)
+        outs = chat([with_instruction(a.view, instr) for a in todo], vs_sp, rf, prefix, [a.session for a in todo])
+        again = []
+        for a, c in zip(todo, outs):
+            o = out[id(a)]
+            rec = o.record
+            rec["attempts"] += 1
+            if isinstance(c, BaseException):
+                rec["errors"].append(f"{type(c).__name__}: {c}")
+            else:
+                rec["attempts"] += len(c.discarded)
+                rec["errors"] += ["runaway candidate (restarted in the batch)"] * len(c.discarded)
+                count(c.model_id, len(c.token_ids) + c.discarded_tokens)
+                parsed = starting_with(parse(c.text, cfg.k, cfg.method), start)
+                if parsed.ok:
+                    idx = draw(parsed, a.rng)
+                    rec.update(candidates=parsed.texts, probs=parsed.probs, index=idx, fallback=False)
+                    o.text = parsed.texts[idx]
+                    continue
+                rec["errors"].append(parsed.error)
+            if rec["attempts"] < 1 + cfg.max_reasks:
+                again.append(a)
+            else:
+                left_over.append(a)
+        todo = again
+    if left_over:  # plain reply as the fallback
+        outs = chat([a.view for a in left_over], sampling, None, start, [a.session for a in left_over])
+        for a, c in zip(left_over, outs):
+            o = out[id(a)]
+            o.record.update(candidates=[], probs=[], index=None, fallback=True)
+            if isinstance(c, BaseException):
+                o.error = c
+            else:
+                o.text, o.finish_reason = c.text, c.finish_reason
+                count(c.model_id, len(c.token_ids))
+    return [out[id(a)] for a in asks]

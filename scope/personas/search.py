@@ -34,7 +34,7 @@ class Evaluator:
     def __init__(self, cfg: PersonaSearchConfig, refs: dict[str, Any] | None = None, classifier_state=None,
                  log: Callable[[str], None] = print, split: str = "train"):
         from ..envs import get_env
-        from ..eval import frozen_refs
+        from ..models.loading import frozen_refs
         from ..partners.binding import spec_binding
 
         self.cfg, self.log = cfg, log

@@ -40,7 +40,9 @@ class FitConfig(Strict):
     """The P4G data directory (``full_info.csv``, ``full_dialog.csv``); default ``SCOPE_P4G_DATA``."""
     split_seed: int = 0
     test_fraction: float = Field(default=0.2, gt=0, lt=1)
-    lora: LoraConfig = LoraConfig()
+    lora: LoraConfig = LoraConfig(top_layers=8)
+    """The adapter (as a run's ``models.<name>.lora``); on the top 8 layers by default: the backward pass stops
+    below them, which halves a step's cost on a CPU."""
     lr: float = Field(default=3e-4, gt=0)
     epochs: float = Field(default=1.0, gt=0)
     batch_tokens: int = Field(default=4096, ge=64)
@@ -59,9 +61,6 @@ class FitConfig(Strict):
     """Add one forced-decision example per dialogue, as P4G-pitch asks for it: the persona, the dialogue's pitch
     (its persuader's first turn that names the charity) and the decision note, answered with ``[DONATE $N]``
     of that participant's actual donation."""
-    top_layers: int | None = Field(default=8, ge=1)
-    """LoRA on the top N transformer layers only (None: all): the backward pass stops below them, which
-    halves a step's cost on a CPU."""
     warmup_steps: int = Field(default=10, ge=0)
     save_every: int = Field(default=25, ge=1)
     seed: int = 0
@@ -242,11 +241,7 @@ def fit(cfg: FitConfig, log: Callable[[str], None] = print, progress: bool = Tru
     steps = max(1, math.ceil(n_micro * cfg.epochs / per_step))
     log(f"sim fit: {len(dialogues)} train dialogues -> {len(data)} examples, {tokens} tokens "
         f"({sum(sum(m) for _, m in data)} persuadee tokens); {steps} steps of {per_step} micro-batches; out {out}")
-    lc = cfg.lora
-    n_layers = backend.model.config.num_hidden_layers
-    layers = None if cfg.top_layers is None else list(range(max(0, n_layers - cfg.top_layers), n_layers))
-    backend.add_lora(ADAPTER, r=lc.r, alpha=lc.alpha, dropout=lc.dropout, target_modules=lc.target_modules,
-                     layers=layers)
+    backend.add_lora(ADAPTER, **cfg.lora.model_dump())
     params = backend.set_trainable(ADAPTER)
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.98), weight_decay=0.0)
     start, losses, order = 0, [], []  # order: the micro-batches (indices) left of the current pass

@@ -50,7 +50,8 @@ def measure(adapter: str, model: str = "smollm2-135m", data_dir: str | None = No
             ppl_dialogues: int = 64, persona_config: str = "configs/personas/evolve.yaml", seed: int = 0,
             max_new_tokens: int = 60, temperature: float = 0.7, log: Callable[[str], None] = print) -> dict[str, Any]:
     from ..config import ModelConfig, PartnerSpec
-    from ..eval import fixed_sampling, frozen_refs
+    from ..eval import fixed_sampling
+    from ..models.loading import frozen_refs
     from ..envs import get_env
     from ..partners.binding import spec_binding
     from ..personas.config import load_search_config
