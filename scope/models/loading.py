@@ -247,7 +247,7 @@ def backend_key(name: str, mc, unshared: set[str] | frozenset[str] = frozenset()
     return "local:" + json.dumps([mc.path, mc.options, mc.dtype, mc.device], sort_keys=True, default=str)
 
 
-def frozen_ref(name: str, mc, backend) -> ModelRef:
+def _frozen_local(name: str, mc, backend) -> ModelRef:
     """A frozen ModelRef of a ``models.<name>`` entry on ``backend``: its base weights, or its ``adapter``
     (loaded once, under the entry's name)."""
     ref = ModelRef(id=f"{name}:base", backend=backend, trainable=False)
@@ -258,7 +258,7 @@ def frozen_ref(name: str, mc, backend) -> ModelRef:
 
 def frozen_refs(models: dict[str, Any], backends: dict, seed: int = 0,
                 backend_of: Callable[[str], Any] | None = None) -> dict[str, Any]:
-    """A frozen handle per ``models`` entry: an endpoint client, or a :func:`frozen_ref` on a loaded backend
+    """A frozen handle per ``models`` entry: an endpoint client, or frozen weights on a loaded backend
     (``backend_of(name)``, or by default the entry's shared backend in ``backends``, opened there if missing; a
     fully fine-tuned model's frozen copy is ``<name>#frozen``). Every frozen model of a run, a panel, a judge or
     a command is built here."""
@@ -270,12 +270,12 @@ def frozen_refs(models: dict[str, Any], backends: dict, seed: int = 0,
             out[name] = OpenAIRef.from_config(name, mc, seed)
             continue
         if backend_of is not None:
-            out[name] = frozen_ref(name, mc, backend_of(name))
+            out[name] = _frozen_local(name, mc, backend_of(name))
             continue
         key = f"{name}#frozen" if f"{name}#frozen" in backends else name  # not the fully fine-tuned copy
         if key == name and name not in backends:
             key = backend_key(name, mc)
         if key not in backends:
             backends[key] = open_backend(mc, name, seed=seed)
-        out[name] = frozen_ref(name, mc, backends[key])
+        out[name] = _frozen_local(name, mc, backends[key])
     return out
