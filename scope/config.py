@@ -337,6 +337,20 @@ class RunConfig(Strict):
     """torch threads (None: torch's default); the numbers of a run depend on it."""
     progress: bool = True
     """A progress line per step."""
+    report_to: list[str] = ["tensorboard"]
+    """Where the metrics go besides RUN_DIR/metrics.jsonl (always written), as TRL's ``report_to``: any of
+    ``tensorboard``, ``wandb``, ``mlflow`` (scope.trackers; ``[]``: the JSONL file only). Each gets the config,
+    every step's scalars and, at the end, the run's curves."""
+
+    @field_validator("report_to")
+    @classmethod
+    def _known_trackers(cls, v: list[str]) -> list[str]:
+        from .trackers import TRACKERS
+
+        unknown = [n for n in v if n != "jsonl" and n not in TRACKERS.names()]
+        if unknown:
+            raise ValueError(f"unknown tracker {unknown[0]!r}; known: jsonl, {', '.join(TRACKERS.names())}")
+        return v
 
 
 class Placement(Strict):

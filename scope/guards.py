@@ -45,6 +45,10 @@ def starting(what: str):
 def check_start(cfg: Config, resume: bool) -> list[Task]:
     """What can be checked before any model is loaded: the run directory, the environment's tasks of both
     splits (data files, personas, split names) and the evaluation panel. Returns the training tasks."""
+    from .trackers import check_trackers
+
+    with starting("run.report_to"):
+        check_trackers(cfg.run.report_to)
     metrics = os.path.join(cfg.run.dir, "metrics.jsonl")
     if not resume and os.path.exists(metrics):
         raise StartupError(f"{cfg.run.dir} already holds a run; use --resume {cfg.run.dir} or another run.dir")

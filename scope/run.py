@@ -120,24 +120,23 @@ def rollout_records(episodes: list[Episode]) -> list[dict[str, Any]]:
 
 
 class MetricsLogger:
-    """Appends one JSON line per step to metrics.jsonl and mirrors scalars to TensorBoard.
+    """Appends one JSON line per step to metrics.jsonl and hands the step's scalars to each tracker of
+    ``run.report_to`` (:mod:`scope.trackers`: TensorBoard, Weights & Biases, MLflow).
 
     On resume from step S, lines of steps after S (written after the checkpoint) are dropped first,
     so the file continues as if the run had never stopped.
     """
 
-    def __init__(self, run: RunDir, start_step: int = 0):
+    def __init__(self, run: RunDir, cfg: Config, start_step: int = 0):
+        from .trackers import open_trackers
+
+        self.run = run
         self.path = run.file("metrics.jsonl")
         if os.path.exists(self.path):  # drop what came after the checkpoint (and a line torn by the crash)
             keep = [m for m in _json_lines(self.path) if m.get("step", 0) <= start_step]
             write_atomic(self.path, "".join(json.dumps(m) + "\n" for m in keep))
-        self.tb = None
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.tb = SummaryWriter(run.file("tb"), purge_step=start_step + 1 if start_step else None)
-        except ImportError:  # tensorboard not installed: JSONL only
-            self.tb = None
+        self.report_to = list(cfg.run.report_to)
+        self.trackers = open_trackers(self.report_to, run.path, cfg.model_dump(mode="json"), start_step)
 
     def write(self, step: int, metrics: dict[str, Any]) -> None:
         clean = {k: (float(v) if isinstance(v, (int, float, np.floating, np.integer)) else v)
@@ -147,15 +146,17 @@ class MetricsLogger:
             f.write(json.dumps(clean) + "\n")
             f.flush()
             os.fsync(f.fileno())
-        if self.tb is not None:
-            for k, v in clean.items():
-                if k != "step" and isinstance(v, float):
-                    self.tb.add_scalar(k, v, step)
-            self.tb.flush()
+        scalars = {k: v for k, v in clean.items() if k != "step" and isinstance(v, float)}
+        for t in self.trackers:
+            t.log(step, scalars)
 
     def close(self) -> None:
-        if self.tb is not None:
-            self.tb.close()
+        """The end of the run: the trackers that keep images (wandb, mlflow) get the run's curves."""
+        from .trackers import run_plots
+
+        plots = run_plots(self.run.path) if set(self.report_to) & {"wandb", "mlflow"} else []
+        for t in self.trackers:
+            t.close(plots)
 
 
 def read_metrics(path: str) -> list[dict[str, Any]]:

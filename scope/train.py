@@ -136,7 +136,7 @@ def _train(cfg: Config, tasks: list[Task], resume: bool, on_step_end, log, confi
     if start == 0:
         for pool in pools.values():
             pool.snapshot(0)  # the pool starts with the initial partner
-    metrics_log = MetricsLogger(run, start_step=start)
+    metrics_log = MetricsLogger(run, cfg, start_step=start)
     evaluator = PanelEval(cfg, backends, trainable["agent"], run, judge) \
         if cfg.eval.panel and "agent" in trainable else None
     classify = classifier_of(cfg.env.name)

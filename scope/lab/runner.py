@@ -70,7 +70,7 @@ def evaluate_untrained(cfg, log: Callable[[str], None]) -> None:
     backends, _, trainable = build_models(cfg)
     evaluator = PanelEval(cfg, backends, trainable["agent"], run, build_judge(cfg, backends))
     m = evaluator.run(0, log)
-    logger = MetricsLogger(run)
+    logger = MetricsLogger(run, cfg)
     logger.write(0, m)
     logger.close()
 
