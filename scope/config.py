@@ -169,7 +169,11 @@ class RoleConfig(PartnerSpec):
     trainable: bool = False
     """This role is trained (GRPO on its own tokens, its own adapter or weights)."""
     reward: str = "env"
-    """partner: env (the environment's reward), cooperative, adversarial, curriculum, or a registered name."""
+    """The role's reward: env (the environment's), for a partner cooperative, adversarial or curriculum, a
+    registered name, or a function by import path, ``package.module:function``: called once a step as
+    ``function(episodes, role, agent)``, it returns one reward per episode (a number, or None to keep the
+    environment's); one that raises fails the step's episodes, a value that is not a finite number fails its
+    episode (counted in failed_episodes), and the run goes on."""
     baseline: Literal["auto", "group", "step"] = "auto"
     """Advantage baseline: z-score within each task's group, or over the whole step (for a reward that is
     constant within a group); auto: the reward's own (curriculum: step, the others: group)."""
@@ -211,9 +215,9 @@ class RoleConfig(PartnerSpec):
             raise ValueError("self_play needs trainable: true")
         from .partners.rewards import PARTNER_REWARDS
 
-        if self.reward not in PARTNER_REWARDS:
+        if self.reward not in PARTNER_REWARDS and ":" not in self.reward:
             raise ValueError(f"reward: unknown partner reward {self.reward!r}; registered: "
-                             f"{', '.join(PARTNER_REWARDS.names())}")
+                             f"{', '.join(PARTNER_REWARDS.names())}, or package.module:function")
         return self
 
     def specs(self) -> list[PartnerSpec]:

@@ -49,6 +49,12 @@ def check_start(cfg: Config, resume: bool) -> list[Task]:
 
     with starting("run.report_to"):
         check_trackers(cfg.run.report_to)
+    from .partners.rewards import reward_of
+
+    for role, rc in cfg.roles().items():
+        if rc.reward != "env":
+            with starting(f"{role}.reward"):
+                reward_of(rc.reward)
     metrics = os.path.join(cfg.run.dir, "metrics.jsonl")
     if not resume and os.path.exists(metrics):
         raise StartupError(f"{cfg.run.dir} already holds a run; use --resume {cfg.run.dir} or another run.dir")

@@ -155,13 +155,14 @@ def _train(cfg: Config, tasks: list[Task], resume: bool, on_step_end, log, confi
         episodes, rstats = rollout(jobs, max_context=cfg.rollout.max_context,
                                    end_on_truncation=cfg.rollout.end_on_truncation, progress=progress, judge=judge)
         t1 = time.time()
+        for role, rc in cfg.roles().items():  # a reward of the config's instead of the environment's
+            if rc.reward != "env":
+                apply_partner_reward(rc.reward, episodes, role)
         dead_steps = stop_if_dead(episodes, dead_steps, cfg.train.max_failed_steps, step)
         metrics: dict[str, float] = {"step": step, **episode_metrics(episodes, get_env(cfg.env.name)),
                                      **endpoint_metrics(jobs, endpoint_seen), **scale_metrics(rollout, backends),
                                      **step_diagnostics(cfg, step, jobs, episodes, classify),
                                      **probe.run(step, jobs, episodes)}
-        if cfg.partner.reward != "env":
-            apply_partner_reward(cfg.partner.reward, episodes, "partner")
         for owner, learner in learners.items():  # self-play: one learner, both roles' tokens
             metrics.update(update_learner(owner, learner, roles_of[owner], episodes, cfg))
             watch_signal(owner, metrics, no_signal, cfg.train.no_signal_warn, log)
@@ -254,7 +255,7 @@ def update_learner(owner: str, learner: Learner, roles: list[str], episodes: lis
     for role in roles:
         rc = cfg.roles()[role]
         adv, gstats = group_advantages(episodes, role, cfg.train.success_threshold,
-                                       baseline=baseline_of(rc.reward if role != "agent" else "env", rc.baseline))
+                                       baseline=baseline_of(rc.reward, rc.baseline))
         for ep, a in zip(episodes, adv):
             if a is not None:  # (a failed episode has none)
                 ep.advantage[role] = a

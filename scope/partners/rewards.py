@@ -39,12 +39,33 @@ def register_reward(name: str, baseline: str = "group") -> Callable[[RewardFn], 
     return deco
 
 
+def reward_of(name: str) -> PartnerReward:
+    """A registered reward, or a function by import path (``package.module:function``, as slime's
+    ``--custom-rm-path``), which takes ``(episodes, role, agent)`` and returns one reward or None per episode,
+    with the ``group`` baseline. An unknown name or a path that does not import is a ``KeyError`` naming it."""
+    found = PARTNER_REWARDS.find(name)
+    if found is not None:
+        return found
+    if ":" in name:
+        import importlib
+
+        module, _, attr = name.partition(":")
+        try:
+            fn = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as e:
+            raise KeyError(f"reward {name!r}: {type(e).__name__}: {e}") from None
+        if not callable(fn):
+            raise KeyError(f"reward {name!r}: not a function")
+        return PartnerReward(fn)
+    raise KeyError(f"unknown reward {name!r}; registered: {', '.join(PARTNER_REWARDS.names())}, or "
+                   f"package.module:function")
+
+
 def baseline_of(reward: str, setting: str = "auto") -> str:
     """The baseline a role's advantages use: its ``baseline`` setting, or (``auto``) its reward's."""
     if setting != "auto":
         return setting
-    found = PARTNER_REWARDS.find(reward)
-    return found.baseline if found is not None else "group"
+    return reward_of(reward).baseline if reward != "env" else "group"
 
 
 def _agent_r(ep: Episode, agent: str) -> float | None:
@@ -109,7 +130,31 @@ def curriculum(episodes, role, agent="agent"):
     return out
 
 
-def apply_partner_reward(name: str, episodes: Sequence[Episode], role: str, agent: str = "agent") -> None:
-    for e, r in zip(episodes, PARTNER_REWARDS.get(name).fn(episodes, role, agent)):
-        if r is not None:
-            e.rewards[role] = float(r)
+def apply_partner_reward(name: str, episodes: Sequence[Episode], role: str, agent: str = "agent") -> int:
+    """Set ``role``'s reward of each episode by the reward ``name`` (None keeps the environment's). A reward
+    function that raises fails every episode of the step, one that returns no number for an episode fails
+    that episode (each with the reason); the step goes on. Returns the number of episodes it failed."""
+    fn = reward_of(name).fn
+    live = [e for e in episodes if not e.failed]
+    try:
+        values = list(fn(episodes, role, agent))
+        if len(values) != len(episodes):
+            raise ValueError(f"returned {len(values)} rewards for {len(episodes)} episodes")
+    except Exception as err:  # noqa: BLE001 - a user's function: its episodes fail, the step goes on
+        for ep in live:
+            ep.status, ep.error = "failed", f"reward {name!r} for {role!r}: {type(err).__name__}: {err}"
+        return len(live)
+    failed = 0
+    for e, r in zip(episodes, values):
+        if r is None or e.failed:
+            continue
+        try:
+            v = float(r)
+            if v != v or v in (float("inf"), float("-inf")):
+                raise ValueError("not finite")
+        except (TypeError, ValueError):
+            e.status, e.error = "failed", f"reward {name!r} for {role!r}: {r!r} is not a finite number"
+            failed += 1
+            continue
+        e.rewards[role] = v
+    return failed
