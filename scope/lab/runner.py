@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import time
 from typing import Any, Callable
 
@@ -513,7 +514,10 @@ def write_outputs(out: str, results: dict[str, Any]) -> None:
         json.dump(results, f, indent=1, default=float)
     with open(os.path.join(out, "table.md"), "w") as f:
         f.write(table(results))
-    plot_curves(out, results)
+    try:
+        plot_curves(out, results)
+    except ImportError:  # the core install: the tables and results.json, no figures
+        print("lab: no curves.png (the figures need scope[plots]: pip install 'scope[plots]')", file=sys.stderr)
 
 
 def plot_curves(out: str, results: dict[str, Any]) -> list[str]:
