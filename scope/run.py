@@ -296,3 +296,11 @@ def _numpy_state_back(st) -> tuple:
     kind, keys, pos, has_gauss, cached = st
     return kind, np.asarray(keys.numpy() if isinstance(keys, torch.Tensor) else keys, dtype=np.uint32), pos, \
         has_gauss, cached
+
+
+def eta(elapsed: float, done: int, left: int) -> str:
+    """A progress line's estimate of the time left: ``left`` more of what took ``elapsed`` seconds for ``done``."""
+    if done <= 0 or left <= 0:
+        return "eta 0s" if left <= 0 else "eta ?"
+    sec = elapsed / done * left
+    return f"eta {sec / 3600:.1f}h" if sec >= 5400 else (f"eta {sec / 60:.0f}min" if sec >= 90 else f"eta {sec:.0f}s")

@@ -30,7 +30,7 @@ from .diagnostics import classifier_of
 from .distributed import make_rollout, scale_metrics
 from .rollout import Job, Play, make_jobs
 from .monitor import PanelEval, PartnerProbe, step_diagnostics
-from .run import Checkpointer, MetricsLogger, RunDir, rollout_records
+from .run import Checkpointer, MetricsLogger, RunDir, eta, rollout_records
 from .guards import check_start, endpoint_metrics, starting, stop_if_dead
 from .setup import build_judge, build_models
 from .types import Episode, Task
@@ -148,6 +148,7 @@ def _train(cfg: Config, tasks: list[Task], resume: bool, on_step_end, log, confi
         f"{cfg.rollout.n_tasks} tasks x G={cfg.rollout.group_size} per step; run dir {run.path}")
     if evaluator is not None and start == 0 and cfg.eval.at_start:
         metrics_log.write(0, evaluator.run(0, log))
+    t_loop = time.time()
     for step in range(start + 1, cfg.train.steps + 1):
         t0 = time.time()
         jobs = step_jobs(cfg, sampler.next(cfg.rollout.n_tasks), sources, step, env_rng)
@@ -178,7 +179,8 @@ def _train(cfg: Config, tasks: list[Task], resume: bool, on_step_end, log, confi
         metrics_log.write(step, metrics)
         if cfg.run.save_rollouts:
             run.write_rollouts(step, rollout_records(episodes))
-        log(step_line(step, cfg.train.steps, metrics))
+        log(f"{step_line(step, cfg.train.steps, metrics)} | "
+            f"{eta(time.time() - t_loop, step - start, cfg.train.steps - step)}")
         if step % cfg.run.save_every == 0 or step == cfg.train.steps:
             ckpt.save(step, backends, learners, sampler, env_rng, sources, before_publish=shares and shares.save)
         if on_step_end:

@@ -34,7 +34,8 @@ def test_run_writes_metrics_rollouts_tensorboard_and_checkpoints(tmp_path):
     assert [m["step"] for m in ms] == [1, 2]
     for k in REQUIRED:
         assert k in ms[0], k
-    assert any(ln.startswith("step 2/2 reward") for ln in lines)
+    assert any(ln.startswith("step 2/2 reward") and ln.endswith("| eta 0s") for ln in lines)
+    assert any(ln.startswith("step 1/2 reward") and " | eta " in ln for ln in lines)
     recs = [json.loads(x) for x in open(run / "rollouts" / "step_000001.jsonl")]
     assert len(recs) == 6
     r = recs[0]
@@ -209,3 +210,10 @@ def test_bad_setup_is_one_line_and_leaves_no_run_dir(tmp_path, capsys, change, n
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith("error: ") and needle in err[0], err
     assert not (tmp_path / "run").exists()
+
+
+def test_the_time_left_of_a_progress_line():
+    from scope.run import eta
+
+    assert [eta(100, 2, 3), eta(100, 1, 100), eta(10, 1, 0), eta(0, 0, 5), eta(30, 3, 4)] == \
+        ["eta 2min", "eta 2.8h", "eta 0s", "eta ?", "eta 40s"]

@@ -22,6 +22,7 @@ import sys
 import time
 from typing import Any, Callable
 
+from ..run import eta
 from ..stats import TRAIN_WINDOW, Cells, window
 
 PARADIGMS = ("base", "single", "ensemble", "single_sharp", "ensemble_base", "single_p1", "persona",
@@ -128,8 +129,12 @@ def run_lab(out: str, configs: str = "configs/lab", paradigms: tuple[str, ...] |
             evaluate_untrained(cfg, log=lambda s: None)
         else:
             resume = os.path.exists(os.path.join(run_dir, "metrics.jsonl"))
-            def step_done(step: int, p=p, seed=seed, n=cfg.train.steps, t0=t0) -> None:
-                log(f"lab: {LABELS[p]} seed {seed}: step {step}/{n} ({time.time() - t0:.0f}s)")
+            opening: list[int] = []  # the first step of this sitting (a resumed run's is not 1)
+
+            def step_done(step: int, p=p, seed=seed, n=cfg.train.steps, t0=t0, opening=opening) -> None:
+                opening[:] = opening or [step]
+                log(f"lab: {LABELS[p]} seed {seed}: step {step}/{n} ({time.time() - t0:.0f}s, "
+                    f"{eta(time.time() - t0, step - opening[0] + 1, n - step)})")
 
             train(cfg, resume=resume, log=lambda s: None, on_step_end=step_done)
         r = run_summary(run_dir)
