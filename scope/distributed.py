@@ -232,7 +232,6 @@ class RolloutWorker:
 
                 self.refs[n] = OpenAIRef.from_config(n.key, self.cfg.models[n.key], self.cfg.run.seed + self.index)
             else:
-
                 self.refs[n] = ModelRef(id=n.id, backend=self.backends[n.key], adapter=n.adapter,
                                         trainable=n.trainable)
         return self.refs[n]
