@@ -112,3 +112,12 @@ def scores_table(runs: dict[str, list[dict[str, Any]]]) -> str:
         lines.append(f"| {label} | {chosen} | {iv(best, 'unseen')} | {iv(last, 'seen')} | {iv(last, 'unseen')} | "
                      f"{f(window(tr))} |")
     return "\n".join(lines) + "\n"
+
+
+def run_plots(run_dir: str) -> list[str]:
+    """The run's curves as PNG files in RUN_DIR/plots (for the trackers that keep images), or none where
+    matplotlib is not installed."""
+    try:
+        return [p for p in plot_runs([run_dir], os.path.join(run_dir, "plots")) if p.endswith(".png")]
+    except ImportError:
+        return []

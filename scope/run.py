@@ -150,13 +150,15 @@ class MetricsLogger:
         for t in self.trackers:
             t.log(step, scalars)
 
-    def close(self) -> None:
-        """The end of the run: the trackers that keep images (wandb, mlflow) get the run's curves."""
-        from .trackers import run_plots
+    @property
+    def wants_plots(self) -> bool:
+        """Whether a tracker keeps images (wandb, mlflow): then the run's curves are drawn for :meth:`close`."""
+        return bool(set(self.report_to) & {"wandb", "mlflow"})
 
-        plots = run_plots(self.run.path) if set(self.report_to) & {"wandb", "mlflow"} else []
+    def close(self, plots: list[str] | None = None) -> None:
+        """The end of the run (of this sitting): each tracker closes, given the run's curves (PNG files)."""
         for t in self.trackers:
-            t.close(plots)
+            t.close(list(plots or []))
 
 
 def read_metrics(path: str) -> list[dict[str, Any]]:

@@ -12,7 +12,6 @@ A tracker that is configured but not installed is an error at start-up, before a
 """
 from __future__ import annotations
 
-import glob
 import importlib
 import json
 import os
@@ -147,14 +146,3 @@ def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def _mlflow_key(k: str) -> str:
     """MLflow's metric names allow letters, digits and ``_-./ :``; anything else becomes ``_``."""
     return "".join(c if c.isalnum() or c in "_-./ :" else "_" for c in k)
-
-
-def run_plots(run_dir: str) -> list[str]:
-    """The run's curves (``scope plot``'s, written into RUN_DIR/plots), or none where matplotlib is missing."""
-    try:
-        from .plot import plot_runs
-
-        plot_runs([run_dir], os.path.join(run_dir, "plots"))
-    except ImportError:
-        return []
-    return sorted(glob.glob(os.path.join(run_dir, "plots", "*.png")))

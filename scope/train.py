@@ -30,6 +30,7 @@ from .diagnostics import classifier_of
 from .distributed import make_rollout, scale_metrics
 from .rollout import Job, Play, make_jobs
 from .monitor import PanelEval, PartnerProbe, step_diagnostics
+from .plot import run_plots
 from .run import Checkpointer, MetricsLogger, RunDir, eta, rollout_records
 from .guards import check_start, endpoint_metrics, starting, stop_if_dead
 from .setup import build_judge, build_models
@@ -185,7 +186,7 @@ def _train(cfg: Config, tasks: list[Task], resume: bool, on_step_end, log, confi
             ckpt.save(step, backends, learners, sampler, env_rng, sources, before_publish=shares and shares.save)
         if on_step_end:
             on_step_end(step)
-    metrics_log.close()
+    metrics_log.close(run_plots(run.path) if metrics_log.wants_plots else None)
     rollout.close()
     return run
 
