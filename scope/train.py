@@ -24,6 +24,7 @@ import torch
 from .config import Config
 from .envs import Env, get_env
 from .learner import Learner, LearnerConfig, group_advantages
+from .partners.binding import SnapshotSource
 from .partners.pool import PoolSource
 from .partners.rewards import apply_partner_reward, baseline_of
 from .diagnostics import classifier_of
@@ -129,7 +130,7 @@ def _train(cfg: Config, tasks: list[Task], resume: bool, on_step_end, log, confi
     run = RunDir(cfg.run.dir, cfg, resume=resume)  # only once everything the run needs is there
     learners, shares = make_learners(cfg, configs, trainable, job)
     roles_of = trained_roles(cfg)
-    pools = {r: s for r, s in sources.items() if isinstance(s, PoolSource)}
+    pools: dict[str, SnapshotSource] = {r: s for r, s in sources.items() if isinstance(s, PoolSource)}
     rollout = make_rollout(cfg, backends)  # in this process, or in Ray workers
     sampler, env_rng = TaskSampler(tasks, cfg.run.seed), random.Random(cfg.run.seed + 1)
     ckpt = Checkpointer(run, cfg)

@@ -42,3 +42,19 @@ class PartnerSource(Protocol):
     def assign(self, task: Task, task_index: int, copy: int) -> Binding: ...
 
     def state_dict(self) -> dict[str, Any]: ...
+
+
+class SnapshotSource(PartnerSource, Protocol):
+    """A source that holds snapshots of a trained adapter (the population pool): the loop snapshots it
+    (``snapshot`` at the start, ``maybe_snapshot`` after each step), a checkpoint saves its members beside its
+    state (``save(dir)``) and a resume restores both (``load(dir, sd)``)."""
+
+    members: list[str]
+
+    def snapshot(self, step: int) -> str: ...
+
+    def maybe_snapshot(self, step: int) -> bool: ...
+
+    def save(self, path: str) -> None: ...
+
+    def load(self, path: str, sd: dict[str, Any]) -> None: ...

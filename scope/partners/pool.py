@@ -21,6 +21,8 @@ from .registry import SourceContext
 
 
 class PoolSource:
+    """The population pool: a :class:`~scope.partners.binding.SnapshotSource`."""
+
     def __init__(self, backend: LocalBackend, source_adapter: str, sampling, size: int = 5, every: int = 4,
                  seed: int = 0, group_shared: bool = False):
         self.backend, self.src, self.sampling = backend, source_adapter, sampling
