@@ -150,7 +150,7 @@ def apply_partner_reward(name: str, episodes: Sequence[Episode], role: str, agen
             continue
         try:
             v = float(r)
-            if v != v or v in (float("inf"), float("-inf")):
+            if not math.isfinite(v):
                 raise ValueError("not finite")
         except (TypeError, ValueError):
             e.status, e.error = "failed", f"reward {name!r} for {role!r}: {r!r} is not a finite number"
