@@ -224,6 +224,24 @@ class RoleConfig(PartnerSpec):
         return list(self.rotation) if self.source == "rotation" else [self]
 
 
+class TasksConfig(Strict):
+    """Tasks from a file instead of the environment's own (scope/envs/tasks.py)."""
+
+    path: str | dict[str, str]
+    """A .jsonl, .json (a list) or .parquet file, or a directory written by datasets' save_to_disk (a Dataset,
+    or a DatasetDict whose splits are the splits); or one path per split (``{train: a.jsonl, test: b.jsonl}``)."""
+    fields: dict[str, str] = {}
+    """The environment's task field -> the column holding it (e.g. p4g ``{user_id: id, persona: bio}``);
+    other columns keep their names."""
+    split_column: str | None = None
+    """A column naming each row's split; unset (one file): a seeded ``test_fraction`` of the rows is ``test``,
+    the rest ``train``."""
+    test_fraction: float = Field(default=0.2, gt=0, lt=1)
+    """Without a split column: the share of rows in ``test``."""
+    split_seed: int = 0
+    """Without a split column: the seed of the random split."""
+
+
 class EnvConfig(Strict):
     name: str = "p4g"
     """The environment: p4g, p4g_pitch, tau2_retail, tau2_airline, coop_coding, lab, koth, or a registered one."""
@@ -233,6 +251,9 @@ class EnvConfig(Strict):
     """The task split held-out evaluation plays."""
     options: dict[str, Any] = {}
     """Keyword options of the environment (e.g. p4g: max_turns, personas, split_seed, test_fraction)."""
+    tasks: TasksConfig | None = None
+    """A user's tasks from a file (JSONL, parquet, a saved ``datasets`` dataset), mapped to the environment's
+    task fields; unset: the environment's own tasks."""
     judge: PartnerSpec | None = None
     """A model that answers the environment's judge requests (tau2: NL assertions of later task
     revisions); None: those checks are recorded as skipped."""

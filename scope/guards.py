@@ -7,6 +7,7 @@ import os
 
 from .config import Config
 from .envs import get_env
+from .envs.tasks import load_tasks
 from .rollout import Job
 from .types import Episode, Task
 
@@ -62,7 +63,7 @@ def check_start(cfg: Config, resume: bool) -> list[Task]:
     tasks: dict[str, list[Task]] = {}
     for split in dict.fromkeys((cfg.env.train_split, cfg.env.eval_split)):
         with starting(f"env {cfg.env.name!r}, split {split!r}"):
-            tasks[split] = env_cls.load_tasks(split, **cfg.env.options)
+            tasks[split] = load_tasks(cfg.env, split)
             if not tasks[split]:
                 raise ValueError("no tasks")
     if cfg.eval.panel:
@@ -81,7 +82,7 @@ def check_start(cfg: Config, resume: bool) -> list[Task]:
                                  "simulators `seen: true`, or set eval.select_on: all (the unseen partners then "
                                  "choose the best checkpoint and are no longer held out)")
             if panel.split:
-                env_cls.load_tasks(panel.split, **cfg.env.options)
+                load_tasks(cfg.env, panel.split)
     return tasks[cfg.env.train_split]
 
 

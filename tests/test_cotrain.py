@@ -354,7 +354,7 @@ def test_cross_play_pairs_one_runs_agent_with_another_runs_partner(tmp_path):
     panel = load_panel({"episodes": 2, "partners": [
         {"id": "B-partner", "model": "policy", "adapter": str(ck_b), "max_new_tokens": 10},
         {"id": "base", "model": "policy", "max_new_tokens": 10}]})
-    res = evaluate(agent, panel, frozen_refs(dict(c.models), backends, c.run.seed), "p4g", c.env.options, "train")
+    res = evaluate(agent, panel, frozen_refs(dict(c.models), backends, c.run.seed), c.env, "train")
     assert res["per_partner"]["B-partner"]["n"] == 2 and res["per_partner"]["base"]["n"] == 2
     b = backends["policy"]
     saved = load_file(str(ck_b / "partner" / "partner" / "adapter_model.safetensors"))
@@ -369,7 +369,7 @@ def test_cross_play_pairs_one_runs_agent_with_another_runs_partner(tmp_path):
     with pytest.raises(Exception, match="adapter_config.json"):
         evaluate(agent, load_panel({"episodes": 1, "partners": [
             {"id": "nothing", "model": "policy", "adapter": str(tmp_path)}]}),
-            frozen_refs(dict(c.models), backends, c.run.seed), "p4g", c.env.options, "train")
+            frozen_refs(dict(c.models), backends, c.run.seed), c.env, "train")
 
 
 def test_lora_on_the_top_layers_only_trains_them_and_the_pool_copies_them(tmp_path):

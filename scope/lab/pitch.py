@@ -307,7 +307,6 @@ def pilot(configs: str, out: str, n_sampled: int = 256, n_personas: int = 4, ove
     personas, write ``pilot.json`` and ``pilot.md`` in ``out``."""
     import time
 
-    from ..envs import get_env
 
     t0 = time.time()
     os.makedirs(out, exist_ok=True)
@@ -317,7 +316,9 @@ def pilot(configs: str, out: str, n_sampled: int = 256, n_personas: int = 4, ove
         if missing:
             raise ValueError(f"pilot: no simulator {missing}; the experiment has {', '.join(sims)}")
         sims = {k: v for k, v in sims.items() if k in only}
-    tasks = get_env(cfg.env.name).load_tasks(cfg.env.train_split, **cfg.env.options)
+    from ..envs.tasks import load_tasks
+
+    tasks = load_tasks(cfg.env, cfg.env.train_split)
     random.Random(seed).shuffle(tasks)
     tasks = tasks[:n_personas]
     sampled = sample_pitches(cfg, agent, n_sampled, seed)

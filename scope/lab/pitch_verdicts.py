@@ -177,9 +177,9 @@ def _ablation(g: _Grid, configs: str, overrides: list[str] | None, rescore: bool
     out.update(feature=feat, share_final=share[feat][0], share_base=share[feat][1], rises=rose)
     if rescore and fin and rose[feat] > 0:
         cfg, _, _, sims = load(configs, overrides)
-        from ..envs import get_env
+        from ..envs.tasks import load_tasks
 
-        tasks = {t.id: t for t in get_env(cfg.env.name).load_tasks(cfg.env.eval_split, **cfg.env.options)}
+        tasks = {t.id: t for t in load_tasks(cfg.env, cfg.env.eval_split)}
         keep = {k: sims[k] for k in ("T0",) + UNSEEN if k in sims}
         orig = score_pairs(cfg, [(p, tasks[t]) for p, t, _ in fin], keep, progress=log)
         cut = score_pairs(cfg, [(ablate(p, feat), tasks[t]) for p, t, _ in fin], keep, progress=log)

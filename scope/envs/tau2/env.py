@@ -417,6 +417,32 @@ class Tau2Env(Env):
         return [Task(id=f"tau2_{cls.domain}/{i}", split=split, data={"task": data["tasks"][str(i)]}) for i in ids]
 
     @classmethod
+    def task_from_row(cls, row: dict[str, Any], split: str) -> Task:
+        """A task in upstream's task format (``id``, ``user_scenario``, ``evaluation_criteria``, optional
+        ``initial_state``, ``description``); a nested field may be a JSON string (parquet's struct columns
+        merge the keys of all rows, so store nested fields as JSON text there)."""
+        task = dict(row)
+        for k in ("description", "user_scenario", "initial_state", "evaluation_criteria"):
+            if isinstance(task.get(k), str):
+                try:
+                    task[k] = json.loads(task[k])
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{k}: not JSON ({e.msg})") from None
+        if task.get("id") in (None, ""):
+            raise ValueError("no id")
+        task["id"] = str(task["id"])
+        if not isinstance(task.get("user_scenario"), dict):
+            raise ValueError("user_scenario: an object (the simulated user's persona and instructions)")
+        crit = task.get("evaluation_criteria")
+        if crit is not None and not isinstance(crit, dict):
+            raise ValueError("evaluation_criteria: an object or null")
+        for a in (crit or {}).get("actions") or []:
+            if not isinstance(a, dict) or a.get("name") not in DOMAINS[cls.domain]:
+                name = a.get("name") if isinstance(a, dict) else a
+                raise ValueError(f"evaluation_criteria.actions: {name!r} is not a {cls.domain} tool")
+        return Task(id=f"tau2_{cls.domain}/{task['id']}", split=split, data={"task": task})
+
+    @classmethod
     def step_metrics(cls, episodes: list[Episode]) -> dict[str, float]:
         """With simulated tools: how faithfully the simulator played them (``meta.envsim``), weighted by calls."""
         sims = [e.meta["envsim"] for e in episodes if isinstance(e.meta.get("envsim"), dict)]
