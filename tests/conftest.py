@@ -34,7 +34,8 @@ def shared_path(*parts):
 HEAVY = {"/tests/lab/": ("SCOPE_LAB_TESTS", "make test-lab"), "/tests/soak/": ("SCOPE_SOAK_TESTS", "make test-soak"),
          "/tests/dist/": ("SCOPE_DIST_TESTS", "make test-dist"),
          "/tests/scale/": ("SCOPE_SCALE_TESTS", "make test-scale"),
-         "/tests/browser/": ("SCOPE_BROWSER_TESTS", "make test-browser")}
+         "/tests/browser/": ("SCOPE_BROWSER_TESTS", "make test-browser"),
+         "/tests/core/": ("SCOPE_CORE_TESTS", "make test-core")}
 
 
 def pytest_collection_modifyitems(config, items):
