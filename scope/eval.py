@@ -13,15 +13,16 @@ import json
 import math
 import os
 import random
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 from pydantic import Field, ValidationError
 
-from .config import ConfigError, ModelConfig, PartnerSpec, Strict, _format
+from .config import ConfigError, EnvConfig, ModelConfig, PartnerSpec, Strict, _format
 from .models.loading import adapter_dir, load_frozen_adapter  # noqa: F401 - callers' names
 from .diagnostics import behaviour_stats, classifier_of, group_similarity, variance_decomposition
 from .envs import get_env
+from .envs.tasks import load_tasks
 from .partners.binding import Binding, spec_binding
 from .rollout import Job, Play, make_jobs, run_rollouts
 from .types import Completion, Episode, SamplingParams
@@ -101,12 +102,12 @@ def fixed_sampling(refs: list[Any], seed: int):
             g.set_state(state)
 
 
-def panel_jobs(agent: Binding, panel: Panel, refs: dict[str, Any], env_name: str, env_options: dict,
-               split: str, seed: int) -> tuple[list[Job], list[PanelEntry]]:
-    env_cls = get_env(env_name)
-    tasks = env_cls.load_tasks(split, **env_options)[:panel.tasks]
+def panel_jobs(agent: Binding, panel: Panel, refs: dict[str, Any], env: EnvConfig, split: str,
+               seed: int) -> tuple[list[Job], list[PanelEntry]]:
+    env_cls, env_options = get_env(env.name), env.options
+    tasks = load_tasks(env, split)[:panel.tasks]
     if not tasks:
-        raise ValueError(f"no {env_name} tasks in split {split!r}")
+        raise ValueError(f"no {env.name} tasks in split {split!r}")
     n = panel.episodes if panel.episodes is not None else len(tasks) * panel.repeats
     rng = random.Random(seed)
     plays: list[Play] = []
@@ -145,10 +146,12 @@ def panel_jobs(agent: Binding, panel: Panel, refs: dict[str, Any], env_name: str
     return make_jobs(env_cls, plays, env_options, rng, "eval"), owner
 
 
-def evaluate(agent: Binding, panel: Panel, refs: dict[str, Any], env_name: str, env_options: dict,
-             split: str, seed: int | None = None, max_context: int = 4096, end_on_truncation: bool = True,
-             judge: Binding | None = None, sharing: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The agent against every panel partner. ``seed`` defaults to the panel's own (fixed) seed.
+def evaluate(agent: Binding, panel: Panel, refs: dict[str, Any], env: EnvConfig, split: str,
+             seed: int | None = None, max_context: int = 4096, end_on_truncation: bool = True,
+             judge: Binding | None = None, sharing: dict[str, Any] | None = None,
+             progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """The agent against every panel partner. ``seed`` defaults to the panel's own (fixed) seed; ``progress``
+    gets a line (with an ETA) after each round of the dialogues.
     Truncated replies are handled as in training (``end_on_truncation``). ``sharing`` (from
     :func:`scope.panels.run_sharing`) records what each member shares with the run's training simulators.
 
@@ -161,15 +164,16 @@ def evaluate(agent: Binding, panel: Panel, refs: dict[str, Any], env_name: str, 
     agent = Binding(id=agent.id, ref=agent.ref, vs=agent.vs, note=agent.note,
                     sampling=SamplingParams(temperature=panel.temperature, top_p=agent.sampling.top_p,
                                             max_new_tokens=agent.sampling.max_new_tokens, stop=agent.sampling.stop))
-    env_options = get_env(env_name).eval_options(env_options)  # e.g. tau2 trained on simulated tools: the exact ones
-    jobs, owner = panel_jobs(agent, panel, refs, env_name, env_options, split, seed)
+    # e.g. tau2 trained on simulated tools: evaluated on the exact ones
+    env = env.model_copy(update={"options": get_env(env.name).eval_options(env.options)})
+    jobs, owner = panel_jobs(agent, panel, refs, env, split, seed)
     used = [agent.ref] + [j.bindings["partner"].ref for j in jobs] + ([judge.ref] if judge else [])
     with fixed_sampling(used, seed):
         if panel.paired:
-            episodes = _paired(jobs, owner, panel, max_context, end_on_truncation, judge)
+            episodes = _paired(jobs, owner, panel, max_context, end_on_truncation, judge, progress)
         else:
             episodes, _ = run_rollouts(jobs, max_context=max_context, end_on_truncation=end_on_truncation,
-                                       judge=judge)
+                                       judge=judge, progress=progress)
     per: dict[str, dict[str, Any]] = {}
     for p in panel.partners:
         eps = [e for e, o in zip(episodes, owner) if o is p]
@@ -196,12 +200,12 @@ def evaluate(agent: Binding, panel: Panel, refs: dict[str, Any], env_name: str, 
 
 
 def _paired(jobs: list[Job], owner: list[PanelEntry], panel: Panel, max_context: int, end_on_truncation: bool,
-            judge: Binding | None) -> list[Episode]:
+            judge: Binding | None, progress: Callable[[str], None] | None = None) -> list[Episode]:
     """Paired evaluation: the first partner's episodes are played by the agent; every other partner's episode
     of the same (task, copy) replays that agent turn verbatim."""
     first = [i for i, o in enumerate(owner) if o is panel.partners[0]]
     played, _ = run_rollouts([jobs[i] for i in first], max_context=max_context, end_on_truncation=end_on_truncation,
-                             judge=judge)
+                             judge=judge, progress=progress and (lambda s: progress(f"agent's turns, {s}")))
     turns: dict[tuple[str, int], list[str]] = {}
     for e in played:
         said = [m["content"] for m in e.messages if m["role"] == "agent"]
@@ -216,7 +220,7 @@ def _paired(jobs: list[Job], owner: list[PanelEntry], panel: Panel, max_context:
         said = turns.get((j.episode.task_id, j.episode.copy), [])
         j.bindings = dict(j.bindings, agent=Binding("replay", ReplayRef(said), j.bindings["agent"].sampling))
     replayed, _ = run_rollouts([jobs[i] for i in rest], max_context=max_context, end_on_truncation=end_on_truncation,
-                               judge=judge)
+                               judge=judge, progress=progress and (lambda s: progress(f"the panel's replies, {s}")))
     out: list[Episode | None] = [None] * len(jobs)
     for i, e in zip(first, played):
         out[i] = e
@@ -436,14 +440,14 @@ def nested_variance(episodes: list[Episode], tasks: dict[str, Any], agent_sampli
     return out
 
 
-def diagnose(agent: Binding, partner: Binding, env_name: str, env_options: dict, split: str,
+def diagnose(agent: Binding, partner: Binding, env: EnvConfig, split: str,
              n_tasks: int = 4, group: int = 8, resamples: int = 4, seed: int = 0,
              end_on_truncation: bool = True) -> dict[str, Any]:
     """Partner collapse without training: behaviour classes and similarity over G rollouts per task, the
     variance decomposition from ``resamples`` partner replays per first-stage rollout, and the partner's
     modal mass where those replays meet the same dialogue state."""
-    env_cls = get_env(env_name)
-    tasks = env_cls.load_tasks(split, **env_options)[:n_tasks]
+    env_name, env_options, env_cls = env.name, env.options, get_env(env.name)
+    tasks = load_tasks(env, split)[:n_tasks]
     rng = random.Random(seed)
     plays = [Play(task, Episode(task.id, f"diag:{ti}", g), {"agent": agent, "partner": partner})
              for ti, task in enumerate(tasks) for g in range(group)]

@@ -46,9 +46,10 @@ class PanelEval:
         from .eval import evaluate, write_results
 
         c = self.cfg
-        res = evaluate(self.agent, self.panel, self.refs, c.env.name, c.env.options,
-                       self.panel.split or c.env.eval_split, max_context=c.rollout.max_context,
-                       end_on_truncation=c.rollout.end_on_truncation, judge=self.judge, sharing=self.sharing)
+        res = evaluate(self.agent, self.panel, self.refs, c.env, self.panel.split or c.env.eval_split,
+                       max_context=c.rollout.max_context, end_on_truncation=c.rollout.end_on_truncation,
+                       judge=self.judge, sharing=self.sharing,
+                       progress=(lambda s: log(f"  eval at step {step}: {s}")) if c.run.progress else None)
         write_results(res, self.rundir.file("eval", f"step_{step:06d}"), f"step {step}")
         out = {f"eval/{k}": res[k] for k in ("panel_mean", "panel_std", "seen_mean", "unseen_mean", "panel_se",
                                               "seen_se", "unseen_se", "control_mean", "control_se")

@@ -164,7 +164,10 @@ def run_rollouts(jobs: list[Job], sampling: dict[str, SamplingParams] | None = N
 
     Each round: every live dialogue says who replies next (``_requests``); the requests that share a model,
     sampling settings, transport and decoder go in one batched call; each reply goes back to its environment
-    (``_deliver``)."""
+    (``_deliver``). ``progress`` gets a line after each round (an ETA from the share of dialogues that
+    ended)."""
+    from .run import eta
+
     stats = RolloutStats()
     t0 = time.time()
     _start(jobs, sampling)
@@ -188,8 +191,9 @@ def run_rollouts(jobs: list[Job], sampling: dict[str, SamplingParams] | None = N
             _deliver(items, end_on_truncation)
         live = [j for j in live if not j.env.done and j.episode.status != "failed"]
         if progress:
+            took = time.time() - t0
             progress(f"round {stats.rounds}: {len(live)}/{len(jobs)} dialogues live, "
-                     f"{stats.tokens_generated} tokens")
+                     f"{stats.tokens_generated} tokens, {took:.0f} s ({eta(took, len(jobs) - len(live), len(live))})")
     if judge is not None:
         _judge(jobs, judge, stats)
     episodes = [_finish(j, max_context) for j in jobs]

@@ -106,6 +106,13 @@ def test_a_model_simulator_runs_through_the_engine_and_is_repaired_once(bench):
     assert all(not r["fm"] for r in rows)  # a random model does not write the tool's answer
     cons = ModelSimulator(binding, constrained=True).predict(few)
     assert all(p["calls"] in (1, 2) for p in cons)
+    from scope.envsim.bench import run
+
+    lines: list[str] = []
+    res = run(ModelSimulator(binding, batch=2), few, log=lines.append)  # a line with an ETA after each batch
+    assert len(res["rows"]) == len(few)
+    done = [ln for ln in lines if "samples, " in ln and "eta" in ln]
+    assert len(done) == (len(few) + 1) // 2 and done[-1].split(": ")[2].startswith(f"{len(few)}/{len(few)} samples")
 
 
 def _gold_task(root, domain="retail", writes=1):

@@ -219,6 +219,7 @@ def test_training_evaluates_the_panel_and_keeps_the_best(tmp_path):
     res = json.load(open(out / "eval.json"))
     assert set(res["per_partner"]) == {"seen-p", "unseen-p"} and res["per_partner"]["seen-p"]["n"] == 2
     assert "| seen-p | yes |" in r.stdout
+    assert "eval: round 1: " in r.stdout and "eta" in r.stdout  # progress, a line a round
 
 
 def test_choosing_on_seen_partners_needs_a_seen_partner(tmp_path):
@@ -280,22 +281,24 @@ def test_the_decomposition_changes_no_training_number(tmp_path):
 
 def test_a_panel_plays_every_task_of_the_split_by_default():
     from scope.envs import get_env
+    from scope.config import EnvConfig
     from scope.eval import Panel, panel_jobs
     from scope.partners.sources import Binding
     from scope.types import SamplingParams
 
+    lab = EnvConfig(name="lab")
     panel = Panel(partners=[{"id": "a", "seen": True, "model": "m"}, {"id": "b", "seen": False, "model": "m"}],
                   repeats=2)
     agent = Binding("agent", object(), SamplingParams())
-    jobs, owner = panel_jobs(agent, panel, {"m": object()}, "lab", {}, "test", seed=0)
+    jobs, owner = panel_jobs(agent, panel, {"m": object()}, lab, "test", seed=0)
     tasks = sorted(t.id for t in get_env("lab").load_tasks("test"))
     for pid in ("a", "b"):
         mine = [j.episode.task_id for j, p in zip(jobs, owner) if p.spec_id() == pid]
         assert sorted(mine) == sorted(tasks * 2)  # every test task, repeats times
-    again, _ = panel_jobs(agent, panel, {"m": object()}, "lab", {}, "test", seed=0)
+    again, _ = panel_jobs(agent, panel, {"m": object()}, lab, "test", seed=0)
     assert [j.env.rng.random() for j in again] == [j.env.rng.random() for j in panel_jobs(
-        agent, panel, {"m": object()}, "lab", {}, "test", seed=0)[0]]  # the same environment seeds each time
-    capped, _ = panel_jobs(agent, Panel(partners=panel.partners, episodes=3), {"m": object()}, "lab", {}, "test", 0)
+        agent, panel, {"m": object()}, lab, "test", seed=0)[0]]  # the same environment seeds each time
+    capped, _ = panel_jobs(agent, Panel(partners=panel.partners, episodes=3), {"m": object()}, lab, "test", 0)
     assert len(capped) == 6
 
 

@@ -128,9 +128,9 @@ def evaluate(args: argparse.Namespace) -> int:
     if args.temperature is not None:
         panel.temperature = args.temperature
     refs = frozen_refs({**cfg.models, **panel.models}, backends, cfg.run.seed)
-    res = run_eval(agent, panel, refs, cfg.env.name, cfg.env.options, args.split, max_context=cfg.rollout.max_context,
+    res = run_eval(agent, panel, refs, cfg.env, args.split, max_context=cfg.rollout.max_context,
                    end_on_truncation=cfg.rollout.end_on_truncation, judge=build_judge(cfg, backends),
-                   sharing=run_sharing(cfg, panel))
+                   sharing=run_sharing(cfg, panel), progress=lambda s: log(f"eval: {s}"))
     title = f"{args.policy} on {os.path.basename(args.panel)} ({args.split})"
     write_results(res, args.out, title)
     print(markdown(res, title))
@@ -161,7 +161,7 @@ def diagnose(args: argparse.Namespace) -> int:
     refs = frozen_refs(cfg.models, {}, cfg.run.seed)
     agent = spec_binding(cfg.agent, refs[cfg.agent.model])
     partner = spec_binding(cfg.partner, refs[cfg.partner.model])
-    res = run_diagnose(agent, partner, cfg.env.name, cfg.env.options, args.split, n_tasks=args.tasks,
+    res = run_diagnose(agent, partner, cfg.env, args.split, n_tasks=args.tasks,
                        group=args.group, resamples=args.resamples, seed=cfg.run.seed,
                        end_on_truncation=cfg.rollout.end_on_truncation)
     print(json.dumps(res, indent=1))

@@ -101,8 +101,22 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def run(simulator, samples: list[dict[str, Any]], log: Callable[[str], None] = print) -> dict[str, Any]:
+    """The simulator's predictions of every sample, scored. A model is asked a batch at a time (as its own
+    ``predict`` would), with a progress line and an ETA after each batch."""
+    import time
+
+    from ..run import eta
+    from .simulate import ModelSimulator
+
     log(f"envsim bench: {simulator.name} on {len(samples)} samples")
-    preds = simulator.predict(samples)
+    chunk = simulator.batch if isinstance(simulator, ModelSimulator) else len(samples) or 1
+    preds: list[dict[str, Any]] = []
+    t0 = time.time()
+    for i in range(0, len(samples), chunk):
+        preds += simulator.predict(samples[i:i + chunk])
+        if chunk < len(samples):
+            log(f"envsim bench: {simulator.name}: {len(preds)}/{len(samples)} samples, {time.time() - t0:.0f} s "
+                f"({eta(time.time() - t0, len(preds), len(samples) - len(preds))})")
     rows = score(samples, preds)
     return {"simulator": simulator.name, "summary": summarize(rows), "rows": rows}
 

@@ -21,6 +21,7 @@ import numpy as np
 import yaml
 
 from ..config import ConfigError
+from ..run import eta
 from .config import PersonaSearchConfig, load_search_config  # noqa: F401 - load_search_config: callers' name
 from .features import FEATURES, fingerprint, load_p4g_humans, turn_features
 from .fitness import HumanLikeness, Standardizer, auc, density_coverage, p4g_integrity, tau2_integrity
@@ -295,6 +296,7 @@ def evolve(cfg: PersonaSearchConfig, resume: bool = False, log: Callable[[str], 
     s = cfg.search
     program_mutator = ProgramMutator(ev.mutator_binding, s.program_rewrite_prob)
     state.setdefault("program_failures", [])
+    t_loop, first = time.time(), state["generation"] + 1
     while state["generation"] + 1 <= s.generations:
         gen = state["generation"] + 1
         t0 = time.time()
@@ -361,7 +363,7 @@ def evolve(cfg: PersonaSearchConfig, resume: bool = False, log: Callable[[str], 
             f"{len(state['archive'])} cells" + (f", best fitness {best['metrics']['fitness']:.3f} (human-likeness "
                                                f"{best['metrics']['human']:.3f}, coverage "
                                                f"{best['metrics']['coverage']:.3f})" if best else "")
-            + f", {row['seconds']:.0f} s")
+            + f", {row['seconds']:.0f} s ({eta(time.time() - t_loop, gen - first + 1, s.generations - gen)})")
     return state
 
 
