@@ -7,7 +7,7 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
 PHONY_PITCH := p4g-pitch-sims p4g-pitch-pilot p4g-pitch-control p4g-pitch
-.PHONY: $(PHONY_PITCH) install demo demo-p4g lab lab-quick test lint test-lab test-dist test-soak test-scale test-browser test-study-pg test-core browser-env scale-env gpu-check bench koth-skills koth-tournament clean
+.PHONY: $(PHONY_PITCH) install demo demo-p4g lab lab-quick test lint test-lab test-dist test-soak test-scale test-browser test-study-pg test-core browser-env scale-env gpu-check bench peers-env bench-peers koth-skills koth-tournament clean
 
 install: $(STAMP)
 
@@ -147,5 +147,20 @@ gpu-check: install
 bench: install
 	$(PY) benchmarks/all.py
 
+# Peers side by side: TRL's GRPOTrainer in a venv of its own (.venv-peers: torch, TRL, PEFT, datasets; not scope),
+# alternated with scope's GRPO step on the same workload (benchmarks/peers/grpo_step.py).
+PEERS_VENV ?= .venv-peers
+PEERS_STAMP := $(PEERS_VENV)/.installed
+peers-env: $(PEERS_STAMP)
+$(PEERS_STAMP):
+	python3 -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/python -m pip install -q --upgrade pip
+	$(PEERS_VENV)/bin/python -m pip install -q "$(TORCH_SPEC)"
+	$(PEERS_VENV)/bin/python -m pip install -q "trl==1.16.0" "peft==0.21.2" "transformers==5.25.0" "accelerate==1.16.0" "datasets==5.2.0"
+	touch $@
+
+bench-peers: install peers-env
+	$(PY) benchmarks/peers/grpo_step.py
+
 clean:
-	rm -rf $(VENV) $(SCALE_VENV) $(CORE_VENV) runs .pytest_cache
+	rm -rf $(VENV) $(SCALE_VENV) $(CORE_VENV) $(PEERS_VENV) runs .pytest_cache
