@@ -14,9 +14,17 @@ CONTRIBUTING.md has a recipe for each kind.
 from __future__ import annotations
 
 import importlib
-from typing import Callable, Generic, TypeVar
+from typing import Any, Callable, Generic, TypeVar
 
 T = TypeVar("T")
+
+
+def load_path(path: str) -> Any:
+    """The object a path names: ``package.module:attribute``, or a bare ``package.module`` (the module). Its
+    ``ImportError`` or ``AttributeError`` is raised as is."""
+    module, _, attr = path.partition(":")
+    mod = importlib.import_module(module)
+    return getattr(mod, attr) if attr else mod
 
 
 class Registry(Generic[T]):
@@ -53,10 +61,9 @@ class Registry(Generic[T]):
         if name not in self.entries:
             where = self.builtin.get(name) or self._plugins().get(name)
             if where is not None:
-                module, _, attr = where.partition(":")
-                mod = importlib.import_module(module)
-                if attr and name not in self.entries:
-                    self.entries[name] = getattr(mod, attr)
+                obj = load_path(where)  # a bare module registers its entries when imported
+                if ":" in where and name not in self.entries:
+                    self.entries[name] = obj
         return self.entries.get(name)
 
     def get(self, name: str) -> T:

@@ -47,11 +47,10 @@ def reward_of(name: str) -> PartnerReward:
     if found is not None:
         return found
     if ":" in name:
-        import importlib
+        from ..registry import load_path
 
-        module, _, attr = name.partition(":")
         try:
-            fn = getattr(importlib.import_module(module), attr)
+            fn = load_path(name)
         except (ImportError, AttributeError) as e:
             raise KeyError(f"reward {name!r}: {type(e).__name__}: {e}") from None
         if not callable(fn):
