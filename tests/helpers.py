@@ -1,4 +1,5 @@
-"""Test doubles: a scripted model that replies with fixed texts, and a one-turn bandit env."""
+"""Test doubles: a scripted model that replies with fixed texts, a one-turn bandit env, and the tiny run config
+that run-level tests share."""
 from __future__ import annotations
 
 from scope.envs.base import Env, register_env
@@ -62,3 +63,25 @@ class Bandit(Env):
     @classmethod
     def load_tasks(cls, split, **_):
         return [Task(id=f"prompt {i}", split=split) for i in range(8)]
+
+
+def _merged(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merged(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def tiny_run(run_dir, steps: int = 2, **over):
+    """The tiny P4G run that run-level tests share (the random tiny model, one forced decision, 2 tasks x 2,
+    8 tokens a reply, no tracker), with ``over``'s sections merged key by key over it."""
+    from scope.config import parse_config
+
+    return parse_config(_merged({
+        "run": {"dir": str(run_dir), "save_every": 1, "progress": False, "report_to": []},
+        "models": {"policy": {"path": "tiny-random"}},
+        "agent": {"model": "policy", "trainable": True, "max_new_tokens": 8},
+        "partner": {"model": "policy", "max_new_tokens": 8},
+        "env": {"name": "p4g", "options": {"max_turns": 1, "force_decision": True}},
+        "rollout": {"n_tasks": 2, "group_size": 2, "end_on_truncation": False},
+        "train": {"steps": steps, "lr": 1e-3}}, over))

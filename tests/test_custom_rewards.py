@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from scope.config import parse_config
+from helpers import tiny_run
 from scope.guards import StartupError
 from scope.partners.rewards import apply_partner_reward
 from scope.run import read_metrics
@@ -42,14 +42,7 @@ def rewards_module(tmp_path, monkeypatch):
 
 
 def cfg_with(run_dir, agent_reward="env", partner=None, steps=2):
-    return parse_config({
-        "run": {"dir": str(run_dir), "save_every": 2, "progress": False, "report_to": []},
-        "models": {"policy": {"path": "tiny-random"}},
-        "agent": {"model": "policy", "trainable": True, "max_new_tokens": 8, "reward": agent_reward},
-        "partner": {"model": "policy", "max_new_tokens": 8, **(partner or {})},
-        "env": {"name": "p4g", "options": {"max_turns": 1, "force_decision": True}},
-        "rollout": {"n_tasks": 2, "group_size": 2, "end_on_truncation": False},
-        "train": {"steps": steps, "lr": 1e-3}})
+    return tiny_run(run_dir, steps, run={"save_every": 2}, agent={"reward": agent_reward}, partner=partner or {})
 
 
 def test_the_agent_and_a_trained_partner_train_on_rewards_by_import_path(tmp_path, rewards_module):

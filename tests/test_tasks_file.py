@@ -7,9 +7,10 @@ import random
 
 import pytest
 
-from scope.config import EnvConfig, parse_config
+from scope.config import EnvConfig
 from scope.envs import get_env
 from scope.envs.tasks import load_tasks
+from helpers import tiny_run
 from scope.guards import StartupError
 
 MINE = [{"id": f"u{i}", "bio": f"You are person {i}, a nurse who likes dogs.", "group": "test" if i < 2 else "train"}
@@ -153,15 +154,8 @@ def test_bad_files_and_environments_are_named(tmp_path):
 
 
 def run_cfg(run_dir, path, steps=1):
-    return parse_config({
-        "run": {"dir": str(run_dir), "save_every": 1, "progress": False, "report_to": []},
-        "models": {"policy": {"path": "tiny-random"}},
-        "agent": {"model": "policy", "trainable": True, "max_new_tokens": 8},
-        "partner": {"model": "policy", "max_new_tokens": 8},
-        "env": {"name": "p4g", "options": {"max_turns": 1, "force_decision": True},
-                "tasks": {"path": path, "fields": {"user_id": "id", "persona": "bio"}, "split_column": "group"}},
-        "rollout": {"n_tasks": 2, "group_size": 2, "end_on_truncation": False},
-        "train": {"steps": steps, "lr": 1e-3}})
+    return tiny_run(run_dir, steps, env={"tasks": {"path": path, "fields": {"user_id": "id", "persona": "bio"},
+                                                   "split_column": "group"}})
 
 
 def test_a_run_trains_on_a_users_tasks_and_a_bad_file_stops_it_at_start_up(tmp_path):

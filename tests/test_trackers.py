@@ -7,22 +7,15 @@ import sys
 
 import pytest
 
-from scope.config import ConfigError, parse_config
+from scope.config import ConfigError
+from helpers import tiny_run
 from scope.guards import StartupError
 from scope.run import read_metrics
 from scope.train import train
 
 
 def cfg_with(run_dir, report_to, steps=2):
-    return parse_config({
-        "run": {"dir": str(run_dir), "save_every": 1, "progress": False, "save_rollouts": False,
-                "report_to": report_to},
-        "models": {"policy": {"path": "tiny-random"}},
-        "agent": {"model": "policy", "trainable": True, "max_new_tokens": 8},
-        "partner": {"model": "policy", "max_new_tokens": 8},
-        "env": {"name": "p4g", "options": {"max_turns": 1, "force_decision": True}},
-        "rollout": {"n_tasks": 2, "group_size": 2, "end_on_truncation": False},
-        "train": {"steps": steps, "lr": 1e-3}})
+    return tiny_run(run_dir, steps, run={"save_rollouts": False, "report_to": report_to})
 
 
 def test_wandb_offline_and_mlflow_get_config_metrics_and_plots_and_a_resume_continues_them(tmp_path, monkeypatch):

@@ -3,7 +3,6 @@
 the tiny config, runs `scope lab --help`, and a command that needs an extra prints the one-line hint."""
 import os
 import subprocess
-import sys
 
 import pytest
 
