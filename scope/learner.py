@@ -18,7 +18,7 @@ from typing import Any, Sequence
 
 import torch
 
-from .memory import MMAP_THRESHOLD, pin_mmap_threshold, release_free_memory  # noqa: F401 - re-exported
+from .memory import MMAP_THRESHOLD, allocator, pin_mmap_threshold, release_free_memory  # noqa: F401 - re-exported
 from .models.local import LocalBackend, clone_frozen
 from .types import Episode, Trace
 
@@ -224,8 +224,8 @@ class Learner:
 
     def __init__(self, backend: LocalBackend, adapter: str | None, cfg: LearnerConfig):
         self.backend, self.adapter, self.cfg = backend, adapter, cfg
-        if os.environ.get("SCOPE_PIN_MMAP", "1") != "0":  # SCOPE_PIN_MMAP=0: glibc's default (see there)
-            pin_mmap_threshold()  # the update's peak stays flat over steps and adapters
+        if os.environ.get("SCOPE_PIN_MMAP", "1") != "0" and allocator() == "glibc":  # 0: glibc's default
+            pin_mmap_threshold()  # the update's peak stays flat over steps and adapters (jemalloc's does anyway)
         self.params = backend.set_trainable(adapter)
         self.module: Any = LogProbs(backend.model, cfg.temperature)  # (or its DDP / FSDP2 wrapping)
         self.ref_model: Any = None

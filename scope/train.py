@@ -24,6 +24,7 @@ import torch
 from .config import Config
 from .envs import Env, get_env
 from .learner import Learner, LearnerConfig, group_advantages
+from .memory import allocator
 from .partners.binding import SnapshotSource
 from .partners.pool import PoolSource
 from .partners.rewards import apply_partner_reward, baseline_of
@@ -147,7 +148,8 @@ def _train(cfg: Config, tasks: list[Task], resume: bool, on_step_end, log, confi
     dead_steps = 0  # consecutive steps in which every episode failed
     endpoint_seen: dict[str, dict[str, int]] = {}  # each endpoint's counters at the end of the last step
     log(f"training {list(learners)} on {len(tasks)} {cfg.env.name} tasks ({cfg.env.train_split}); "
-        f"{cfg.rollout.n_tasks} tasks x G={cfg.rollout.group_size} per step; run dir {run.path}")
+        f"{cfg.rollout.n_tasks} tasks x G={cfg.rollout.group_size} per step; run dir {run.path}; "
+        f"allocator {allocator()}")
     if evaluator is not None and start == 0 and cfg.eval.at_start:
         metrics_log.write(0, evaluator.run(0, log))
     t_loop = time.time()

@@ -36,3 +36,32 @@ def returned_on_free(mode: str) -> int:
 def test_a_learner_pins_the_mmap_threshold_so_freed_buffers_leave_the_heap():
     assert returned_on_free("plain") < (1 << 20)  # glibc's default: the 4 MB block stays in the heap
     assert returned_on_free("learner") >= (3 << 20)  # pinned: it had its own mapping, gone when freed
+
+
+def test_the_command_line_runs_itself_on_jemalloc_where_installed(tmp_path):
+    """``scope`` re-executes itself with jemalloc preloaded (flat update peaks without the pinned threshold's
+    cost); SCOPE_ALLOCATOR=glibc keeps glibc (and the learner pins its threshold); a call from Python does not
+    re-execute."""
+    import os
+
+    from scope.memory import jemalloc_path, reexec_env
+
+    assert reexec_env({"SCOPE_ALLOCATOR": "glibc"}) is None
+    assert reexec_env({"LD_PRELOAD": "/x/libjemalloc.so.2"}) is None
+    lib = jemalloc_path()
+    if lib is None:
+        assert reexec_env({}) is None
+        pytest.skip("jemalloc is not installed (Debian: apt-get install libjemalloc2)")
+    assert reexec_env({"LD_PRELOAD": "/x/other.so"})["LD_PRELOAD"] == f"{lib} /x/other.so"
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(f"run: {{dir: {tmp_path / 'run'}, progress: false, report_to: []}}\n"
+                   "models: {policy: {path: tiny-random}}\nagent: {model: policy, trainable: true, max_new_tokens: 4}\n"
+                   "partner: {model: policy, max_new_tokens: 4}\n"
+                   "env: {name: p4g, options: {max_turns: 1, force_decision: true}}\n"
+                   "rollout: {n_tasks: 1, group_size: 2, end_on_truncation: false}\ntrain: {steps: 1}\n")
+    for want, extra in (("jemalloc", {}), ("glibc", {"SCOPE_ALLOCATOR": "glibc"})):
+        env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "SCOPE_ALLOCATOR")} | extra
+        r = subprocess.run([sys.executable, "-m", "scope.cli", "train", "--config", str(cfg), "--set",
+                            f"run.dir={tmp_path / want}"], capture_output=True, text=True, env=env, timeout=600)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert f"allocator {want}" in r.stdout, r.stdout[-2000:]

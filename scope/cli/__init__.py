@@ -43,6 +43,12 @@ def fail(error: object, code: int = 2) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # the command line itself (not a call from Python): run on jemalloc where installed
+        from ..memory import reexec_env
+
+        env = reexec_env(dict(os.environ))
+        if env is not None:
+            os.execve(sys.executable, [sys.executable, "-m", "scope.cli", *sys.argv[1:]], env)
     args = parser().parse_args(argv)
     _quiet_libraries()
     try:
