@@ -36,7 +36,7 @@ from typing import Any, Literal
 
 from ..types import Readout, Task
 from .base import Env, register_env
-from .p4g import BIG5, DECISION_PREFIX, PersuasionForGood, parse_donation, persona_row
+from .p4g import BIG5, DECISION_PREFIX, PersuasionForGood, parse_donation
 
 NO_AMOUNT = "none"
 """The decision of a reply that states no amount (its reward is 0)."""
@@ -216,5 +216,5 @@ class P4GPitch(Env):
 
     @classmethod
     def task_from_row(cls, row: dict[str, Any], split: str) -> Task:
-        p = persona_row(row)
-        return Task(id=f"p4g_pitch/{p['user_id']}", split=split, data=p)
+        t = PersuasionForGood.task_from_row(row, split)  # the same persona, under this environment's id
+        return Task(id=t.id.replace("p4g/", "p4g_pitch/", 1), split=split, data=t.data)
