@@ -301,7 +301,8 @@ class TrainConfig(Strict):
     grad_clip: float = Field(default=1.0, gt=0)
     """Gradient-norm clip per update."""
     micro_batch_tokens: int = Field(default=1024, ge=16)
-    """Tokens per forward/backward pass (sequences are packed up to this); memory grows with it."""
+    """Tokens per forward/backward pass (sequences, padded, are packed up to this; a beginning that all of them
+    share, such as a group's prompt, runs once and counts once); memory grows with it."""
     num_minibatches: int = Field(default=1, ge=1)
     """Optimizer steps per update, each on its share of the step's episodes."""
     success_threshold: float = 1.0

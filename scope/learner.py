@@ -9,6 +9,9 @@ accumulation. Log-probs are of logits / temperature, the distribution the rollou
 The output layer is applied a few hundred tokens at a time (``token_logprobs``): the [tokens, vocab]
 logits of a whole micro-batch, and the four or five copies of them that a plain log-softmax with
 autograd keeps, never exist at once; the backward pass recomputes each chunk's logits.
+
+Traces that begin alike (a group's prompt) go into the same micro-batch, and their common beginning runs
+through the decoder once, its keys and values shared by every row (``shared_prefix``, ``LogProbs``).
 """
 from __future__ import annotations
 
@@ -209,11 +212,68 @@ class LogProbs(torch.nn.Module):
         self.model: Any = model  # a transformers model, or PEFT's wrapper of one
         self.temperature = temperature
 
-    def forward(self, ids: torch.Tensor, att: torch.Tensor, sel: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, ids: torch.Tensor, att: torch.Tensor, sel: torch.Tensor,
+                prefix: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """``prefix``: the first ``prefix`` tokens are the same in every row and none of them is selected, nor the
+        token after them: the decoder runs over them once, and every row's remainder attends to that one pass
+        (the same numbers as running each row whole, within float rounding; gradients flow through it)."""
         base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
-        hidden = base.get_decoder()(input_ids=ids, attention_mask=att).last_hidden_state
-        h = hidden[:, :-1][sel[:, 1:]]  # position t-1 predicts token t
+        dec = base.get_decoder()
+        if prefix <= 0:
+            hidden = dec(input_ids=ids, attention_mask=att).last_hidden_state
+            h = hidden[:, :-1][sel[:, 1:]]  # position t-1 predicts token t
+        else:
+            hidden = _after_prefix(self.model, dec, ids, att, prefix)  # positions prefix .. L-1
+            h = hidden[:, :-1][sel[:, prefix + 1:]]
         return token_logprobs(base.get_output_embeddings(), h, ids[sel], self.temperature)
+
+
+def _after_prefix(model, dec, ids: torch.Tensor, att: torch.Tensor, prefix: int) -> torch.Tensor:
+    """The decoder's last hidden states at positions ``prefix`` .. L-1 of every row, the shared first ``prefix``
+    tokens run once (row 0's) and their keys and values given to every row."""
+    from .models.decode import _cache_kw
+    from .models.readout import _select
+
+    out = dec(input_ids=ids[:1, :prefix], use_cache=True)
+    cache = _select(model, out.cache if "cache" in out else out.past_key_values,
+                    torch.zeros(ids.shape[0], dtype=torch.long, device=ids.device))
+    pos = torch.arange(prefix, ids.shape[1], device=ids.device)[None]
+    return dec(input_ids=ids[:, prefix:], attention_mask=att, position_ids=pos, use_cache=True,
+               **{_cache_kw(model): cache}).last_hidden_state
+
+
+MIN_SHARED_PREFIX = 32
+"""A micro-batch's traces that begin with at least this many tokens in common run them once (``LogProbs``)."""
+
+
+def _first_trained(t: Trace) -> int:
+    """The index of a trace's first trained token (its length if none)."""
+    return next((i for i in range(1, len(t.mask)) if t.mask[i]), len(t.mask))
+
+
+def shared_prefix(traces: Sequence[Trace]) -> int:
+    """How many tokens at the start of every trace the learner runs once for all of them: their common beginning,
+    ending at least one token before any trained token (whose log-prob is read at the position before it); 0
+    for a single trace or a common beginning shorter than ``MIN_SHARED_PREFIX``. (GRPO's group shares its
+    prompt: at G samples a task, the prompt is run once instead of G times.)"""
+    if len(traces) < 2:
+        return 0
+    cap = min(_first_trained(t) for t in traces) - 1
+    first = traces[0].token_ids
+    p = min(cap, min(len(t.token_ids) for t in traces))
+    for t in traces[1:]:
+        ids = t.token_ids
+        i = 0
+        while i < p and ids[i] == first[i]:
+            i += 1
+        p = i
+    return p if p >= MIN_SHARED_PREFIX else 0
+
+
+def _run_tokens(traces: Sequence[Trace]) -> int:
+    """The tokens a micro-batch of ``traces`` runs: the shared beginning once, each row's rest padded."""
+    p = shared_prefix(traces)
+    return p + len(traces) * (max(len(t.token_ids) for t in traces) - p)
 
 
 class Learner:
@@ -252,17 +312,16 @@ class Learner:
         return ids, att, sel, torch.tensor(old, dtype=torch.float32)
 
     def _micro_batches(self, items: list[tuple[Trace, float]]) -> list[list[tuple[Trace, float]]]:
-        items = sorted(items, key=lambda x: len(x[0].token_ids))
+        """Micro-batches of at most ``micro_batch_tokens`` tokens run, traces that begin alike side by side: a
+        micro-batch's shared beginning (``shared_prefix``) is run once, so it counts once."""
+        items = sorted(items, key=lambda x: (x[0].token_ids[:_first_trained(x[0])], len(x[0].token_ids)))
         out: list[list[tuple[Trace, float]]] = []
         cur: list[tuple[Trace, float]] = []
-        cur_max = 0
         for it in items:
-            n = len(it[0].token_ids)
-            if cur and max(cur_max, n) * (len(cur) + 1) > self.cfg.micro_batch_tokens:
+            if cur and _run_tokens([t for t, _ in cur] + [it[0]]) > self.cfg.micro_batch_tokens:
                 out.append(cur)
-                cur, cur_max = [], 0
+                cur = []
             cur.append(it)
-            cur_max = max(cur_max, n)
         if cur:
             out.append(cur)
         return out
@@ -352,18 +411,19 @@ class Learner:
         traces = [t for t, _ in micro]
         dev = getattr(self.backend, "device", torch.device("cpu"))
         ids, att, sel, old = (x.to(dev) for x in self._batch(traces))
+        p = shared_prefix(traces)
         adv = torch.cat([torch.full((int(sel[i].sum()),), float(a)) for i, (_, a) in enumerate(micro)]).to(dev)
         ref_logp = None
         if cfg.kl_coef > 0:
             with torch.no_grad():
                 if self.ref_model is not None:
-                    ref_logp = self.ref_model(ids, att, sel)[0]
+                    ref_logp = self.ref_model(ids, att, sel, p)[0]
                 else:
                     with self.backend.using(None):
-                        ref_logp = self.module(ids, att, sel)[0]
+                        ref_logp = self.module(ids, att, sel, p)[0]
         # the adapter stays active through backward: switching adapters changes which weights require grad
         with self.backend.using(self.adapter):
-            logp, entropy = self.module(ids, att, sel)
+            logp, entropy = self.module(ids, att, sel, p)
             t = grpo_loss(logp, old, adv, ref_logp, cfg.eps_low, cfg.eps_high, cfg.kl_coef)
             loss = t.loss.sum() / n_tok_total
             if self.world != 1 or weight != 1.0:
