@@ -63,11 +63,12 @@ GOALS = {
 }
 
 
-def verdict(cmp: str | None, goal: float | None, v: float) -> str:
-    if cmp is None:
+def verdict(cmp: str | None, goal: float | None, v: float, unit: str = "") -> str:
+    """met, or NOT MET and by how much (in the figure's unit)."""
+    if cmp is None or goal is None:
         return "(no goal)"
     ok = v >= goal if cmp == ">=" else v <= goal
-    return "met" if ok else "NOT MET"
+    return "met" if ok else f"NOT MET, by {abs(v - goal):.3g} {unit}".rstrip()
 
 
 DOCS = os.path.join(ROOT, "docs")
@@ -82,7 +83,8 @@ def table(got: dict, when: dict, benches_run: list[str]) -> list[str]:
                 rows.append(f"| {what} | n/a | {goal_s} | not measured | |")
             continue
         v = got[(bench, key)]
-        rows.append(f"| {what} | {v:.3g} {unit} | {goal_s} | {verdict(cmp, goal, v)} | {when.get(bench, '')} |")
+        on = when.get((bench, key), "")
+        rows.append(f"| {what} | {v:.4g} {unit} | {goal_s} | {verdict(cmp, goal, v, unit)} | {on} |")
     return rows
 
 
@@ -98,10 +100,12 @@ def write_docs(got: dict, benches_run: list[str]) -> str:
     for (bench, key), v in got.items():
         stored.setdefault(bench, {})[key] = v
         stored[bench]["_measured"] = today
+        stored[bench].setdefault("_dates", {})[key] = today  # each figure's own date (a run may report some only)
     with open(path, "w") as f:
         json.dump(stored, f, indent=1, sort_keys=True)
     all_got = {(b, k): v for b, figs in stored.items() for k, v in figs.items() if not k.startswith("_")}
-    when = {b: figs.get("_measured", "") for b, figs in stored.items()}
+    when = {(b, k): figs.get("_dates", {}).get(k, figs.get("_measured", "")) for b, figs in stored.items()
+            for k in figs}
     md = os.path.join(DOCS, "benchmarks.md")
     old = open(md).read() if os.path.exists(md) else ""
     notes = old[old.index(NOTES):] if NOTES in old else ""  # the hand-written notes below the table stay

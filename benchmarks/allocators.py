@@ -11,6 +11,10 @@ skipped and says so). The candidates run in turn, then again in reverse order (`
 machine's drift falls on all of them; each figure is the mean over the rounds.
 
     python benchmarks/allocators.py [--seq AAPA] [--rounds 2] [--only NAME,...]
+    python benchmarks/allocators.py --rollout [--rounds 2] [--only NAME,...]
+
+``--rollout``: the rollout's tokens/s instead (benchmarks/rollout_throughput.py ``--batched-only``, 32 P4G dialogues
+together, two batches a candidate and pass), each candidate against the baseline in the same run.
 """
 from __future__ import annotations
 
@@ -65,6 +69,7 @@ def main() -> None:
     ap.add_argument("--seq", default="AAPA", help="update order: A agent, P partner (starting AAP)")
     ap.add_argument("--rounds", type=int, default=2, help="passes over the candidates, alternating their order")
     ap.add_argument("--only", help="comma-separated candidate names (the baseline always runs)")
+    ap.add_argument("--rollout", action="store_true", help="the rollout's tokens/s instead of the learner's update")
     a = ap.parse_args()
     names = list(CANDIDATES)
     if a.only:
@@ -73,6 +78,8 @@ def main() -> None:
         if unknown:
             ap.error(f"no candidate {sorted(unknown)}; have {names}")
         names = [n for n in names if n == BASELINE or n in want]
+    if a.rollout:
+        return rollout(names, a.rounds)
     got: dict[str, list[dict[str, float]]] = {}
     for k in range(a.rounds):
         for name in (names if k % 2 == 0 else names[::-1]):
@@ -93,6 +100,30 @@ def main() -> None:
         out[f"{key}_transient_ratio"] = m["ratio"]
         out[f"{key}_time_ratio"] = m["seconds"] / base
     report("allocators", **out)
+
+
+def rollout(names: list[str], rounds: int) -> None:
+    """Each candidate's rollout tokens/s (32 dialogues together), the candidates in turn, then in reverse."""
+    got: dict[str, list[float]] = {}
+    for k in range(rounds):
+        for name in (names if k % 2 == 0 else names[::-1]):
+            mode, extra = CANDIDATES[name]
+            if mode == "pinned" or (extra.get("LD_PRELOAD") and not os.path.exists(extra["LD_PRELOAD"])):
+                continue  # (the pin is the learner's alone; a missing library is skipped)
+            print(f"{name} ...", file=sys.stderr, flush=True)
+            out = subprocess.run([sys.executable, os.path.join(HERE, "rollout_throughput.py"), "--batched-only",
+                                  "--rounds", "2"], stdout=subprocess.PIPE, text=True, check=True,
+                                 env={**os.environ, **extra})
+            last = out.stdout.strip().splitlines()[-1]
+            got.setdefault(name, []).append(float(last.split(":")[1]))
+            print(f"  {last}", file=sys.stderr, flush=True)
+    base = sum(got[BASELINE]) / len(got[BASELINE])
+    print(f"\n{rounds} round(s), rollout tokens/s at 32 dialogues\n")
+    print("| allocator | tokens/s (each pass) | mean | / glibc dynamic |")
+    print("|---|---|---|---|")
+    for n, v in got.items():
+        m = sum(v) / len(v)
+        print(f"| {n} | {', '.join(f'{x:.1f}' for x in v)} | {m:.1f} | {m / base:.2f}x |")
 
 
 if __name__ == "__main__":

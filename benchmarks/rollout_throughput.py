@@ -8,7 +8,10 @@ time. A 2-core machine's speed drifts by 10-25% over minutes; alternating the tw
 over both figures instead of letting it fall on one. The last line is the ratio at 32 dialogues
 (all batched tokens over all batched seconds, against the same for the dialogues run alone).
 
-    python benchmarks/rollout_throughput.py [--turns 3] [--max-new-tokens 48] [--rounds 4]
+    python benchmarks/rollout_throughput.py [--turns 3] [--max-new-tokens 48] [--rounds 4] [--batched-only]
+
+``--batched-only``: only the 32 dialogues together, ``--rounds`` times (benchmarks/allocators.py ``--rollout``
+compares allocators on it); its last line is their tokens/s.
 """
 from __future__ import annotations
 
@@ -48,6 +51,7 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--rounds", type=int, default=4, help="rounds of (32 together, 32/rounds one at a time)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--batched-only", action="store_true", help="only the 32 dialogues together, --rounds times")
     a = ap.parse_args()
     if a.rounds < 1 or 32 % a.rounds:
         ap.error("--rounds must divide 32")
@@ -58,6 +62,14 @@ def main() -> None:
     sp = {r: SamplingParams(temperature=0.7, max_new_tokens=a.max_new_tokens) for r in refs}
     run_rollouts(jobs(refs, 2, 1), sp, end_on_truncation=False)  # warm-up
     print(f"{'dialogues':>12} {'tokens':>8} {'seconds':>8} {'tokens/s':>9}")
+    if a.batched_only:
+        bt = bs = 0.0
+        for r in range(a.rounds):
+            tok, dt = timed(refs, sp, 32, a.turns, offset=32 * r)
+            bt, bs = bt + tok, bs + dt
+            print(f"{'32':>12} {tok:>8} {dt:>8.1f} {tok / dt:>9.1f}   (round {r + 1}/{a.rounds})", flush=True)
+        print(f"batched tokens/s: {bt / bs:.2f}")
+        return
     for n in (8, 16):
         tok, dt = timed(refs, sp, n, a.turns)
         print(f"{n:>12} {tok:>8} {dt:>8.1f} {tok / dt:>9.1f}", flush=True)
