@@ -127,8 +127,13 @@ class Job:
     def barrier(self) -> None:
         dist.barrier()
 
-    def close(self) -> None:
+    def close(self, together: bool = False) -> None:
+        """End this rank's part. ``together`` (a normal end, reached by every rank): wait for the others first,
+        so that no rank tears its connections down while a peer still uses them (a rank whose peer had
+        already gone was seen to abort in the teardown)."""
         if dist.is_initialized():
+            if together:
+                dist.barrier()
             dist.destroy_process_group()
 
 

@@ -103,9 +103,11 @@ def train(cfg: Config, resume: bool = False, on_step_end: Callable[[int], None] 
     job = parallel.start(cfg, owners)
     if job is None:
         return _train(cfg, tasks, resume, on_step_end, log, configs)
+    ended = False  # a normal end, which every rank reaches
     try:
         if not job.main:
             parallel.follow(job, cfg, owners, configs)
+            ended = True
             return None
         try:
             out = _train(cfg, tasks, resume, on_step_end, log, configs, job)
@@ -116,9 +118,10 @@ def train(cfg: Config, resume: bool = False, on_step_end: Callable[[int], None] 
                 pass
             raise
         job.broadcast(("stop", None))
+        ended = True
         return out
     finally:
-        job.close()
+        job.close(together=ended)
 
 
 def _train(cfg: Config, tasks: list[Task], resume: bool, on_step_end, log, configs: dict[str, LearnerConfig],

@@ -74,7 +74,7 @@ def main(spec_path: str) -> None:
     w = trained(b, adapter)
     if job.rank == 0:
         torch.save({"weights": w, "metrics": m}, os.path.join(spec["out"], "rank0.pt"))
-    job.close()
+    job.close(together=True)
 
 
 if __name__ == "__main__":

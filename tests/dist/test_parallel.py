@@ -40,7 +40,7 @@ def launch(tmp, spec: dict, n: int = 2, name: str = "job", kill: tuple[int, floa
     for r in range(n):
         env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(n), LOCAL_RANK=str(r), SCOPE_DIST_INIT=f"file://{store}",
                    GLOO_SOCKET_IFNAME="lo", PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", ""),
-                   OMP_NUM_THREADS="1")
+                   OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1")  # a rank that aborts logs where it was
         log = open(os.path.join(tmp, f"{name}.rank{r}.log"), "w")
         procs.append(subprocess.Popen([sys.executable, os.path.join(HERE, "dist_worker.py"), spec_path], env=env,
                                       stdout=log, stderr=subprocess.STDOUT))
