@@ -22,6 +22,7 @@ from typing import Any, Sequence
 import torch
 
 from .memory import MMAP_THRESHOLD, allocator, pin_mmap_threshold, release_free_memory  # noqa: F401 - re-exported
+from .models.decode import base_model
 from .models.local import LocalBackend, clone_frozen
 from .types import Episode, Trace
 
@@ -217,7 +218,7 @@ class LogProbs(torch.nn.Module):
         """``prefix``: the first ``prefix`` tokens are the same in every row and none of them is selected, nor the
         token after them: the decoder runs over them once, and every row's remainder attends to that one pass
         (the same numbers as running each row whole, within float rounding; gradients flow through it)."""
-        base = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        base = base_model(self.model)
         dec = base.get_decoder()
         if prefix <= 0:
             hidden = dec(input_ids=ids, attention_mask=att).last_hidden_state

@@ -58,6 +58,7 @@ import torch
 import torch.distributed as dist
 
 from .learner import Learner, LearnerConfig
+from .models.decode import base_model
 from .types import Trace
 
 
@@ -259,7 +260,7 @@ class DistLearner(Learner):
 
 
 def _layers(model) -> list[torch.nn.Module]:
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = base_model(model)
     inner = getattr(base, "model", base)
     layers = getattr(inner, "layers", None)
     if layers is None:

@@ -161,11 +161,15 @@ def _slab_layer_class():
 _CACHE_KW: dict[type, str] = {}
 
 
+def base_model(model):
+    """The transformers model under a PEFT wrapper (``model`` itself when it has none)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
 def _cache_kw(model) -> str:
     """The forward argument that takes a key/value cache: ``cache`` in recent transformers, which warn on
     the older ``past_key_values`` (still the only name in older releases)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    kind = type(base)
+    kind = type(base_model(model))
     if kind not in _CACHE_KW:
         _CACHE_KW[kind] = "cache" if "cache" in inspect.signature(kind.forward).parameters else "past_key_values"
     return _CACHE_KW[kind]

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from ..types import Completion, Readout, ReadoutResult
+from .decode import base_model
 
 
 class _Classes:
@@ -47,7 +48,7 @@ class _Classes:
 
 
 def _parts(model):
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = base_model(model)
     return base.get_decoder(), base.get_output_embeddings()
 
 

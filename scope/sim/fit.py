@@ -149,8 +149,9 @@ def masked_nll(model, ids: torch.Tensor, att: torch.Tensor, sel: torch.Tensor,
     """The negative log-likelihood of every selected token (position t-1 predicts token t) under softmax(logits /
     ``temperature``), memory-lean: the output layer is applied in chunks (the learner's own function)."""
     from ..learner import token_logprobs
+    from ..models.decode import base_model
 
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = base_model(model)
     hidden = base.get_decoder()(input_ids=ids, attention_mask=att).last_hidden_state
     h = hidden[:, :-1][sel[:, 1:]]
     logp, _ = token_logprobs(base.get_output_embeddings(), h, ids[sel], temperature)
