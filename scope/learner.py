@@ -271,9 +271,10 @@ def shared_prefix(traces: Sequence[Trace]) -> int:
     return p if p >= MIN_SHARED_PREFIX else 0
 
 
-def _run_tokens(traces: Sequence[Trace]) -> int:
-    """The tokens a micro-batch of ``traces`` runs: the shared beginning once, each row's rest padded."""
-    p = shared_prefix(traces)
+def _run_tokens(traces: Sequence[Trace], share: bool = True) -> int:
+    """The tokens a micro-batch of ``traces`` runs: the shared beginning once (if ``share``), each row's rest
+    padded."""
+    p = shared_prefix(traces) if share else 0
     return p + len(traces) * (max(len(t.token_ids) for t in traces) - p)
 
 
@@ -282,6 +283,10 @@ class Learner:
 
     world = 1
     """Ranks the gradients are averaged over (a data-parallel learner scales its loss by it)."""
+    share_prefix = True
+    """Whether the pass that trains runs a micro-batch's shared beginning once (``shared_prefix``). FSDP2's
+    sharded layers cannot: their backward does not follow the keys and values handed from the prefix's pass
+    to the rest, so the gradient would meet freed parameters."""
 
     def __init__(self, backend: LocalBackend, adapter: str | None, cfg: LearnerConfig):
         self.backend, self.adapter, self.cfg = backend, adapter, cfg
@@ -319,7 +324,7 @@ class Learner:
         out: list[list[tuple[Trace, float]]] = []
         cur: list[tuple[Trace, float]] = []
         for it in items:
-            if cur and _run_tokens([t for t, _ in cur] + [it[0]]) > self.cfg.micro_batch_tokens:
+            if cur and _run_tokens([t for t, _ in cur] + [it[0]], self.share_prefix) > self.cfg.micro_batch_tokens:
                 out.append(cur)
                 cur = []
             cur.append(it)
@@ -412,7 +417,7 @@ class Learner:
         traces = [t for t, _ in micro]
         dev = getattr(self.backend, "device", torch.device("cpu"))
         ids, att, sel, old = (x.to(dev) for x in self._batch(traces))
-        p = shared_prefix(traces)
+        p = shared_prefix(traces)  # (the reference pass, without gradients, shares it always)
         adv = torch.cat([torch.full((int(sel[i].sum()),), float(a)) for i, (_, a) in enumerate(micro)]).to(dev)
         ref_logp = None
         if cfg.kl_coef > 0:
@@ -424,7 +429,7 @@ class Learner:
                         ref_logp = self.module(ids, att, sel, p)[0]
         # the adapter stays active through backward: switching adapters changes which weights require grad
         with self.backend.using(self.adapter):
-            logp, entropy = self.module(ids, att, sel, p)
+            logp, entropy = self.module(ids, att, sel, p if self.share_prefix else 0)
             t = grpo_loss(logp, old, adv, ref_logp, cfg.eps_low, cfg.eps_high, cfg.kl_coef)
             loss = t.loss.sum() / n_tok_total
             if self.world != 1 or weight != 1.0:

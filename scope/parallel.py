@@ -177,6 +177,7 @@ class DistLearner(Learner):
             for layer in layers:
                 fully_shard(layer, mesh=mesh)
             self.module = fully_shard(self.module, mesh=mesh)
+            self.share_prefix = False
             if self.ref_model is not None:
                 for layer in _layers(self.ref_model.model):
                     fully_shard(layer, mesh=mesh)

@@ -3,7 +3,8 @@ FileStore in SCOPE_DIST_INIT). ``python tests/dist_worker.py SPEC.json``:
 
 - ``{"kind": "train", "config": {...}, "resume": false}``: ``scope.train.train`` on this rank;
 - ``{"kind": "update", "finetune": "lora"|"full", "strategy": "ddp"|"fsdp", "out": DIR}``: one learner update on
-  the shared synthetic batch (``batch()``), rank 0 writing the trained weights and metrics to ``OUT/rank0.pt``.
+  the shared synthetic batch (``batch()``), rank 0 writing the trained weights and metrics to ``OUT/rank0.pt``
+  (optional: ``"shared"``, a prompt every trace begins with, and ``"micro_batch_tokens"``).
 """
 import json
 import os
@@ -12,24 +13,26 @@ import sys
 import torch
 
 
-def batch(tokenizer_len: int, n: int = 6, seed: int = 3):
-    """Traces of different lengths (so that the shares differ by rank), with advantages."""
+def batch(tokenizer_len: int, n: int = 6, seed: int = 3, shared: int = 0):
+    """Traces of different lengths (so that the shares differ by rank), with advantages; with ``shared``, every
+    trace begins with the same ``shared`` context tokens (a group's prompt, which the learner runs once)."""
     from scope.types import Trace
 
     g = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(5, min(tokenizer_len, 2000), (shared,), generator=g).tolist()
     traces, advs = [], []
     for i in range(n):
         length = 10 + 4 * i
         ids = torch.randint(5, min(tokenizer_len, 2000), (length,), generator=g).tolist()
         t = Trace(role="agent")
-        t.extend_context(ids[:6])
+        t.extend_context(prompt + ids[:6])
         t.extend_generated(ids[6:], (-1.0 - torch.rand(length - 6, generator=g)).tolist(), ("m", 0))
         traces.append(t)
         advs.append(float(torch.randn(1, generator=g)))
     return traces, advs
 
 
-def learner_parts(finetune: str):
+def learner_parts(finetune: str, micro_batch_tokens: int = 40):
     from scope.learner import LearnerConfig
     from scope.models.local import load_tokenizer, tiny_backend
 
@@ -39,7 +42,7 @@ def learner_parts(finetune: str):
         torch.manual_seed(1)
         b.add_lora("agent", r=4, alpha=8)
         adapter = "agent"
-    cfg = LearnerConfig(lr=1e-2, kl_coef=0.05, micro_batch_tokens=40, temperature=1.0)
+    cfg = LearnerConfig(lr=1e-2, kl_coef=0.05, micro_batch_tokens=micro_batch_tokens, temperature=1.0)
     return b, adapter, cfg
 
 
@@ -65,11 +68,11 @@ def main(spec_path: str) -> None:
 
     cfg = parse_config({"parallel": {"agent": {"strategy": spec["strategy"]}}})
     job = start(cfg, ["agent"])
-    b, adapter, lc = learner_parts(spec["finetune"])
+    b, adapter, lc = learner_parts(spec["finetune"], spec.get("micro_batch_tokens", 40))
     start_weights = trained(b, adapter)  # every rank builds the same weights (seeded): rank 0's are sent anyway
     learner = DistLearner(job, job.placements["agent"], b, adapter, lc)
     learner.load_weights(start_weights)
-    traces, advs = batch(len(b.tokenizer))
+    traces, advs = batch(len(b.tokenizer), shared=spec.get("shared", 0))
     m = learner.update(traces, advs)
     w = trained(b, adapter)
     if job.rank == 0:
