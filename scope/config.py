@@ -302,7 +302,8 @@ class TrainConfig(Strict):
     """Gradient-norm clip per update."""
     micro_batch_tokens: int = Field(default=1024, ge=16)
     """Tokens per forward/backward pass (sequences, padded, are packed up to this; a beginning that all of them
-    share, such as a group's prompt, runs once and counts once); memory grows with it."""
+    share, such as a group's prompt, runs once and counts once, except in a model sharded with FSDP2, whose
+    trained pass runs every row whole); memory grows with it."""
     num_minibatches: int = Field(default=1, ge=1)
     """Optimizer steps per update, each on its share of the step's episodes."""
     success_threshold: float = 1.0
