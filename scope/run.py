@@ -124,7 +124,8 @@ class MetricsLogger:
     ``run.report_to`` (:mod:`scope.trackers`: TensorBoard, Weights & Biases, MLflow).
 
     On resume from step S, lines of steps after S (written after the checkpoint) are dropped first,
-    so the file continues as if the run had never stopped.
+    so the file continues as if the run had never stopped; from step 0 (no checkpoint yet) every line is, the
+    step-0 evaluation's too, which the run makes again.
     """
 
     def __init__(self, run: RunDir, cfg: Config, start_step: int = 0):
@@ -133,7 +134,7 @@ class MetricsLogger:
         self.run = run
         self.path = run.file("metrics.jsonl")
         if os.path.exists(self.path):  # drop what came after the checkpoint (and a line torn by the crash)
-            keep = [m for m in _json_lines(self.path) if m.get("step", 0) <= start_step]
+            keep = [m for m in _json_lines(self.path) if m.get("step", 0) <= start_step] if start_step > 0 else []
             write_atomic(self.path, "".join(json.dumps(m) + "\n" for m in keep))
         self.report_to = list(cfg.run.report_to)
         self.trackers = open_trackers(self.report_to, run.path, cfg.model_dump(mode="json"), start_step)

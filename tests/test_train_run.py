@@ -76,6 +76,21 @@ def test_resume_after_a_crash_continues_the_same_metrics_file(tmp_path):
         assert a["tokens_generated"] == b["tokens_generated"]
 
 
+def test_a_resume_before_the_first_checkpoint_starts_the_metrics_over(tmp_path):
+    """A run cut off before its first checkpoint resumes from step 0 and makes its step-0 evaluation again:
+    the file keeps one line per step (a resumed lab run had two step-0 lines)."""
+    from scope.run import MetricsLogger, RunDir
+
+    cfg = tiny_cfg(tmp_path / "run")
+    run = RunDir(str(tmp_path / "run"), cfg)
+    with open(run.file("metrics.jsonl"), "w") as f:
+        f.write("".join(json.dumps({"step": s, "reward_mean": 0.5}) + "\n" for s in (0, 1, 2)))
+    MetricsLogger(RunDir(run.path, cfg, resume=True), cfg, start_step=1).close()
+    assert [m["step"] for m in read_metrics(run.path)] == [0, 1]
+    MetricsLogger(RunDir(run.path, cfg, resume=True), cfg, start_step=0).close()
+    assert read_metrics(run.path) == []
+
+
 def test_cli_resume(tmp_path):
     import subprocess
     import sys
