@@ -14,7 +14,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOLATILE = ("seconds", "tokens_per_second", "time", "rss", "memory")
 
 
-def _grid(tmp_path, name):
+def _grid(tmp_path, name, records=None, log=lambda s: None):
     p4g = shared_path("data", "p4g")
     with open(os.path.join(ROOT, "configs", "p4g_mini", "panel.yaml")) as f:
         panel = yaml.safe_load(f)
@@ -29,7 +29,7 @@ def _grid(tmp_path, name):
             "diagnostics.decompose_resamples=2", "run.threads=2"]
     out = str(tmp_path / name)
     run_lab(out, configs=os.path.join(ROOT, "configs", "p4g_mini"), paradigms=("base", "single", "ensemble"),
-            seeds=1, overrides=tiny, log=lambda s: None)
+            seeds=1, overrides=tiny, log=log, records=records)
     return out
 
 
@@ -53,3 +53,41 @@ def test_a_grid_run_twice_gives_the_same_table(tmp_path):
     assert ta == tb
     for p in ("single", "ensemble"):
         assert _metrics(a, p) == _metrics(b, p), p
+
+
+def test_a_grid_packed_into_records_is_restored_and_not_run_again(tmp_path):
+    import tarfile
+
+    from scope.lab.records import pack, unpack
+
+    records = str(tmp_path / "records")
+    a = _grid(tmp_path, "a", records=records)
+    names = sorted(os.listdir(records))
+    assert names == ["base-seed0.tar.gz", "ensemble-seed0.tar.gz", "single-seed0.tar.gz"]
+    with tarfile.open(os.path.join(records, "single-seed0.tar.gz")) as tar:
+        members = tar.getnames()
+    assert "single/seed0/metrics.jsonl" in members and "single/seed0/config.yaml" in members
+    assert any(m.startswith("single/seed0/eval/") for m in members)
+    assert os.path.isdir(os.path.join(a, "single", "seed0", "checkpoints"))
+    assert not any("checkpoints" in m for m in members)  # records leave the weights out
+    assert pack(a, records) == []  # reproducible bytes: packing again rewrites nothing
+
+    lines: list[str] = []
+    b = _grid(tmp_path, "b", records=records, log=lines.append)
+    assert sum("restored" in x for x in lines) == 3
+    assert sum("done already" in x for x in lines) == 3 and not any("..." in x for x in lines)  # none trained
+    assert open(os.path.join(a, "table.md")).read() == open(os.path.join(b, "table.md")).read()
+    assert unpack(records, b) == []  # a run directory already there is not overwritten
+
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    with tarfile.open(bad / "single-seed0.tar.gz", "w:gz") as tar:
+        info = tarfile.TarInfo("single/seed0/../../escape.txt")
+        tar.addfile(info, __import__("io").BytesIO(b""))
+    try:
+        unpack(str(bad), str(tmp_path / "c"))
+    except ValueError as e:
+        assert "outside single/seed0" in str(e)
+    else:
+        raise AssertionError("a record reaching outside its run directory was unpacked")
+    assert not os.path.exists(tmp_path / "escape.txt")

@@ -84,7 +84,11 @@ def available(configs: str) -> tuple[str, ...]:
 
 
 def run_lab(out: str, configs: str = "configs/lab", paradigms: tuple[str, ...] | None = None, seeds: int = 3,
-            overrides: list[str] | None = None, quick: bool = False, log: Callable[[str], None] = print) -> dict:
+            overrides: list[str] | None = None, quick: bool = False, log: Callable[[str], None] = print,
+            records: str | None = None) -> dict:
+    """Run the grid's paradigms x seeds into ``out`` (see the module's docstring). ``records``: a directory of
+    run records (:mod:`scope.lab.records`): those missing from ``out`` are restored first and count as done,
+    and every run finished here is packed into it as it ends."""
     from ..config import load_config
     from ..train import train
 
@@ -104,6 +108,11 @@ def run_lab(out: str, configs: str = "configs/lab", paradigms: tuple[str, ...] |
     else:
         order = [(p, s) for s in range(seeds) for p in paradigms]
     os.makedirs(out, exist_ok=True)
+    if records:
+        from .records import pack, unpack
+
+        for d in unpack(records, out):
+            log(f"lab: restored {d} from {records}")
     t_all = time.time()
     first = load_config(os.path.join(configs, "single.yaml"), overrides)
     if first.run.threads:  # the lab's models are built and its runs trained at the configured thread count
@@ -141,6 +150,12 @@ def run_lab(out: str, configs: str = "configs/lab", paradigms: tuple[str, ...] |
         log(f"lab: {LABELS[p]} seed {seed}: held-out unseen {_f(r.get('unseen'))}, "
             f"seen {_f(r.get('seen'))}, train reward {_f(r.get('train_reward'))} "
             f"({time.time() - t0:.0f}s; {time.time() - t_all:.0f}s so far)")
+        if records:
+            for path in pack(out, records):
+                log(f"lab: packed {path}")
+    if records:  # runs finished before this invocation, too
+        for path in pack(out, records):
+            log(f"lab: packed {path}")
     results = aggregate(out, [p for p in PARADIGMS if p in paradigms], seeds,
                         grid_same_weights(configs, overrides, paradigms))
     with open(os.path.join(out, "dialogues.md"), "w") as f:

@@ -1,0 +1,123 @@
+"""A grid's finished runs as committable records (``scope lab --pack DIR`` / ``--unpack DIR``).
+
+A grid on a small machine takes longer than one sitting, and a run directory does not outlive the machine it
+was written on. ``pack`` writes each finished run of a grid as ``DIR/<paradigm>-seed<k>.tar.gz``: everything
+the tables, curves and verdicts read (``config.yaml``, ``metrics.jsonl``, ``eval/``, ``rollouts/``), without
+``checkpoints/`` (tens of MB a run). The archives are byte-for-byte reproducible (sorted members, no
+timestamps or owners), so packing a grid again changes no committed file whose run did not change.
+``unpack`` puts them back under a grid's directory, where :func:`scope.lab.runner.run_lab` counts them as
+done and aggregates them with the runs made since; a run directory already there is never overwritten.
+A record has no checkpoint: ``scope eval`` on a packed run's policy needs the run made again.
+"""
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import re
+import tarfile
+
+SKIP = ("checkpoints",)
+"""Top-level entries of a run directory left out of its record."""
+NAME = re.compile(r"^(?P<paradigm>[a-z0-9_]+)-seed(?P<seed>\d+)\.tar\.gz$")
+
+
+def finished_runs(grid: str) -> list[tuple[str, int, str]]:
+    """``(paradigm, seed, run dir)`` of every finished run under ``grid``: Base with its step-0 evaluation,
+    a trained run with the metrics line of its config's last step."""
+    from ..config import load_config
+    from .runner import _finished
+
+    out = []
+    if not os.path.isdir(grid):
+        return out
+    for paradigm in sorted(os.listdir(grid)):
+        pdir = os.path.join(grid, paradigm)
+        if not os.path.isdir(pdir):
+            continue
+        for name in sorted(os.listdir(pdir)):
+            m = re.fullmatch(r"seed(\d+)", name)
+            run_dir = os.path.join(pdir, name)
+            if not m or not os.path.exists(os.path.join(run_dir, "config.yaml")):
+                continue
+            steps = 0 if paradigm == "base" else load_config(os.path.join(run_dir, "config.yaml")).train.steps
+            if _finished(run_dir, steps):
+                out.append((paradigm, int(m.group(1)), run_dir))
+    return out
+
+
+def _archive(run_dir: str, arcroot: str) -> bytes:
+    members = []
+    for root, dirs, files in os.walk(run_dir):
+        rel = os.path.relpath(root, run_dir)
+        if rel == ".":
+            dirs[:] = [d for d in dirs if d not in SKIP]
+        dirs.sort()
+        for fn in sorted(files):
+            if fn.endswith(".tmp"):
+                continue
+            members.append(os.path.normpath(os.path.join(rel, fn)))
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for rel in members:
+            path = os.path.join(run_dir, rel)
+            info = tarfile.TarInfo(os.path.join(arcroot, rel))
+            info.size, info.mode, info.mtime = os.path.getsize(path), 0o644, 0
+            with open(path, "rb") as f:
+                tar.addfile(info, f)
+    gz = io.BytesIO()
+    with gzip.GzipFile(fileobj=gz, mode="wb", mtime=0, filename="") as f:
+        f.write(raw.getvalue())
+    return gz.getvalue()
+
+
+def pack(grid: str, dest: str) -> list[str]:
+    """Write a record of every finished run of ``grid`` into ``dest``; returns the paths written or rewritten
+    (a record whose bytes would not change is left as it is)."""
+    os.makedirs(dest, exist_ok=True)
+    written = []
+    for paradigm, seed, run_dir in finished_runs(grid):
+        data = _archive(run_dir, os.path.join(paradigm, f"seed{seed}"))
+        path = os.path.join(dest, f"{paradigm}-seed{seed}.tar.gz")
+        if os.path.exists(path):
+            with open(path, "rb") as f:
+                if f.read() == data:
+                    continue
+        with open(path + ".tmp", "wb") as f:
+            f.write(data)
+        os.replace(path + ".tmp", path)
+        written.append(path)
+    return written
+
+
+def unpack(src: str, grid: str) -> list[str]:
+    """Restore every record in ``src`` under ``grid`` whose run directory is not there yet; returns the run
+    directories restored (none where ``src`` does not exist yet: :func:`pack` makes it). A record whose members
+    leave its own ``paradigm/seedK/`` is refused."""
+    restored: list[str] = []
+    if not os.path.isdir(src):
+        return restored
+    for fn in sorted(os.listdir(src)):
+        m = NAME.match(fn)
+        if not m:
+            continue
+        root = os.path.join(m.group("paradigm"), "seed" + m.group("seed"))
+        run_dir = os.path.join(grid, root)
+        if os.path.exists(run_dir):
+            continue
+        with tarfile.open(os.path.join(src, fn), "r:gz") as tar:
+            members = tar.getmembers()
+            bad = [t.name for t in members if not t.isfile() or os.path.isabs(t.name) or ".." in t.name.split("/")
+                   or not t.name.startswith(root + "/")]
+            if bad:
+                raise ValueError(f"{os.path.join(src, fn)}: members outside {root}/: {bad[:3]}")
+            tmp = run_dir + ".unpack"
+            for t in members:
+                target = os.path.join(tmp, os.path.relpath(t.name, root))
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                with tar.extractfile(t) as fin, open(target, "wb") as fout:
+                    fout.write(fin.read())
+        os.makedirs(os.path.dirname(run_dir), exist_ok=True)
+        os.replace(tmp, run_dir)
+        restored.append(run_dir)
+    return restored
