@@ -50,7 +50,7 @@ p4g-pitch-control: p4g-pitch-sims
 	$(VENV)/bin/scope pitch control
 
 p4g-pitch: p4g-pitch-sims
-	$(VENV)/bin/scope lab --configs configs/p4g_pitch --out runs/p4g-pitch/grid
+	$(VENV)/bin/scope lab --configs configs/p4g_pitch --out runs/p4g-pitch/grid --records docs/p4g_pitch/records
 	$(VENV)/bin/scope pitch verdicts --grid runs/p4g-pitch/grid
 
 # King of the Hill: retrain the PPO skills and the flat team into the cache (the package ships a trained set),
