@@ -36,10 +36,13 @@ lab: install
 	$(VENV)/bin/scope lab --out runs/lab
 
 # P4G-pitch (docs/p4g_pitch/README.md): the four simulators fitted to disjoint quarters of the train persuadees
-# (about 10 minutes each here), the pilot and fidelity cards, the positive control, then the grid (resumable).
+# (about 10 minutes each here; the committed fits in docs/p4g_pitch/records/sims are restored first, and a fit
+# that finds its own data-and-options hash there does not run again), the pilot and fidelity cards, the positive control, then the grid (resumable).
 P4G_DATA ?= ../shared/data/p4g
 p4g-pitch-sims: install
-	for k in 1 2 3 4; do $(VENV)/bin/scope sim fit --data-dir $(P4G_DATA) --shard $$k/4 --form pitch --decisions \
+	for k in 1 2 3 4; do if [ ! -d runs/p4g-pitch/sims/p$$k ] && [ -d docs/p4g_pitch/records/sims/p$$k ]; then \
+		mkdir -p runs/p4g-pitch/sims && cp -r docs/p4g_pitch/records/sims/p$$k runs/p4g-pitch/sims/; fi; \
+		$(VENV)/bin/scope sim fit --data-dir $(P4G_DATA) --shard $$k/4 --form pitch --decisions \
 		--max-tokens 512 --out runs/p4g-pitch/sims/p$$k --no-progress || exit 1; done
 
 p4g-pitch-pilot: p4g-pitch-sims

@@ -26,7 +26,7 @@ def add_lab(sub: argparse._SubParsersAction) -> None:
     add_set(lb, "override a key in every run, e.g. --set models.collapsed.options.collapse=0.8")
     lb.add_argument("--records", metavar="DIR", help="a directory of committed run records: those missing from "
                     "--out are restored first and count as done, and each run finished here is packed into it "
-                    "(OUT/<paradigm>/seed<k> without its checkpoints, one reproducible .tar.gz per run)")
+                    "(OUT/<paradigm>/seed<k> without its weights, one reproducible .tar.gz per run)")
     lb.add_argument("--sweep", metavar="KEY=V1,V2,...", help="run the grid once per value of one knob and tabulate "
                     "where each cure stops working, e.g. --sweep models.collapsed.options.vs_fidelity=0,0.5,1 "
                     "--paradigms single,vs --seeds 1 (output runs/lab-sweep/<knob>/)")

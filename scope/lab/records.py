@@ -2,8 +2,8 @@
 
 A grid on a small machine takes longer than one sitting, and a run directory does not outlive the machine it
 was written on. ``pack`` writes each finished run of a grid as ``DIR/<paradigm>-seed<k>.tar.gz``: everything
-the tables, curves and verdicts read (``config.yaml``, ``metrics.jsonl``, ``eval/``, ``rollouts/``), without
-``checkpoints/`` (tens of MB a run). The archives are byte-for-byte reproducible (sorted members, no
+the tables, curves and verdicts read (``config.yaml``, ``metrics.jsonl``, ``eval/``, ``rollouts/``, ``best/best.json``),
+without weights (``checkpoints/`` and the best checkpoint's adapter: tens of MB a run). The archives are byte-for-byte reproducible (sorted members, no
 timestamps or owners), so packing a grid again changes no committed file whose run did not change.
 ``unpack`` puts them back under a grid's directory, where :func:`scope.lab.runner.run_lab` counts them as
 done and aggregates them with the runs made since; a run directory already there is never overwritten.
@@ -17,8 +17,10 @@ import os
 import re
 import tarfile
 
-SKIP = ("checkpoints",)
-"""Top-level entries of a run directory left out of its record."""
+SKIP = ("checkpoints", "tb")
+"""Top-level folders of a run directory left out of its record (weights; TensorBoard's copy of metrics.jsonl)."""
+WEIGHTS = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+"""Weight files are left out wherever they are (``best/`` keeps its ``best.json``, not the adapter)."""
 NAME = re.compile(r"^(?P<paradigm>[a-z0-9_]+)-seed(?P<seed>\d+)\.tar\.gz$")
 
 
@@ -54,7 +56,7 @@ def _archive(run_dir: str, arcroot: str) -> bytes:
             dirs[:] = [d for d in dirs if d not in SKIP]
         dirs.sort()
         for fn in sorted(files):
-            if fn.endswith(".tmp"):
+            if fn.endswith(".tmp") or fn.endswith(WEIGHTS):
                 continue
             members.append(os.path.normpath(os.path.join(rel, fn)))
     raw = io.BytesIO()
