@@ -136,6 +136,17 @@ def test_the_grid_runs_and_its_verdicts_are_computed_at_a_tiny_size(tiny_setup):
     assert "5. " in md and "**not decidable** (a run it needs is missing)" in md.split("5. ")[1].split("\n")[0]
 
 
+def test_a_grid_with_only_base_decides_no_signature(tiny_setup):
+    tmp, overrides = tiny_setup
+    out = str(tmp / "grid_base_only")
+    run_lab(out, configs=CONFIGS, seeds=1, paradigms=("base",), overrides=overrides, log=lambda s: None)
+    v = pitch_verdicts.verdicts(out, CONFIGS, overrides=overrides, log=lambda s: None)
+    undecided = {k for k, x in v["signatures"].items() if x.get("held") is None}
+    assert undecided >= {"train_reward_rises", "unseen_below_base", "ensemble_not_below", "diversity_falls_more",
+                         "sharp_collapses_faster", "exploit_ablation"}  # a missing run is no verdict
+    assert "**not held**" not in open(os.path.join(out, "verdicts.md")).read()
+
+
 def test_a_per_seed_rule_is_undecided_until_it_has_its_seeds():
     from scope.lab.pitch_verdicts import _decided
 

@@ -161,9 +161,9 @@ def _ablation(g: _Grid, configs: str, overrides: list[str] | None, rescore: bool
               log: Callable[[str], None]) -> dict[str, Any]:
     out: dict[str, Any] = {"rule": f"remove the feature whose share rose most from Base's evaluation pitches to "
                                    f"RL (Single)'s final ones and re-score those pitches: T0 loses >= "
-                                   f"{ABLATION_LOSS} and P3/P4 at most half of what T0 loses", "held": False}
+                                   f"{ABLATION_LOSS} and P3/P4 at most half of what T0 loses", "held": None}
     single = g.runs("single")
-    if not single:
+    if not single:  # not decidable: the run whose pitches it ablates is missing
         return out
     _, base_recs = _eval_records(g.base[1], 0)
     first = base_recs[0]["meta"].get("partner") if base_recs else None
@@ -189,7 +189,9 @@ def _ablation(g: _Grid, configs: str, overrides: list[str] | None, rescore: bool
                    eval_check={k: float(np.nanmean(orig[k]["rewards"])) for k in keep},
                    held=bool(loss.get("T0", 0) >= ABLATION_LOSS and unseen_loss <= loss.get("T0", 0) / 2))
     elif rose[feat] <= 0:
-        out["note"] = "no feature's share rose: nothing converged"
+        out.update(held=False, note="no feature's share rose: nothing converged")
+    elif fin:
+        out["note"] = "not re-scored (rescore off)"
     return out
 
 
