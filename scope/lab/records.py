@@ -1,13 +1,14 @@
-"""A grid's finished runs as committable records (``scope lab --pack DIR`` / ``--unpack DIR``).
+"""A grid's finished runs as committable records (``scope lab --records DIR``).
 
 A grid on a small machine takes longer than one sitting, and a run directory does not outlive the machine it
-was written on. ``pack`` writes each finished run of a grid as ``DIR/<paradigm>-seed<k>.tar.gz``: everything
-the tables, curves and verdicts read (``config.yaml``, ``metrics.jsonl``, ``eval/``, ``rollouts/``, ``best/best.json``),
-without weights (``checkpoints/`` and the best checkpoint's adapter: tens of MB a run). The archives are byte-for-byte reproducible (sorted members, no
-timestamps or owners), so packing a grid again changes no committed file whose run did not change.
-``unpack`` puts them back under a grid's directory, where :func:`scope.lab.runner.run_lab` counts them as
-done and aggregates them with the runs made since; a run directory already there is never overwritten.
-A record has no checkpoint: ``scope eval`` on a packed run's policy needs the run made again.
+was written on. :func:`pack` writes each finished run of a grid as ``DIR/<paradigm>-seed<k>.tar.gz``:
+everything the tables, curves and verdicts read (``config.yaml``, ``metrics.jsonl``, ``eval/``, ``rollouts/``,
+``best/best.json``), without weights (``checkpoints/`` and the best checkpoint's adapter: tens of MB a run).
+The archives are byte-for-byte reproducible (sorted members, no timestamps or owners), so packing a grid again
+changes no committed file whose run did not change. :func:`unpack` puts them back under a grid's directory,
+where :func:`scope.lab.runner.run_lab` counts them as done and aggregates them with the runs made since; a
+run directory already there is never overwritten. A record has no weights: ``scope eval`` on a recorded
+run's policy needs the run made again.
 """
 from __future__ import annotations
 
