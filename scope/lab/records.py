@@ -31,7 +31,7 @@ def finished_runs(grid: str) -> list[tuple[str, int, str]]:
     from ..config import load_config
     from .runner import _finished
 
-    out = []
+    out: list[tuple[str, int, str]] = []
     if not os.path.isdir(grid):
         return out
     for paradigm in sorted(os.listdir(grid)):
@@ -118,7 +118,10 @@ def unpack(src: str, grid: str) -> list[str]:
             for t in members:
                 target = os.path.join(tmp, os.path.relpath(t.name, root))
                 os.makedirs(os.path.dirname(target), exist_ok=True)
-                with tar.extractfile(t) as fin, open(target, "wb") as fout:
+                fin = tar.extractfile(t)
+                if fin is None:  # members were checked to be regular files
+                    raise ValueError(f"{os.path.join(src, fn)}: {t.name} cannot be read")
+                with fin, open(target, "wb") as fout:
                     fout.write(fin.read())
         os.makedirs(os.path.dirname(run_dir), exist_ok=True)
         os.replace(tmp, run_dir)
