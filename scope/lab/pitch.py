@@ -467,7 +467,7 @@ def positive_control(configs: str, out: str, lrs: tuple[float, ...] = (1e-4, 3e-
         cfg = load_config(os.path.join(configs, "single.yaml"), list(overrides or []) + [
             "env.options.reward=mentions_children", f"train.lr={lr}", f"train.steps={steps}", "eval.panel=null",
             f"run.dir={d}", f"run.save_every={steps}", "run.save_rollouts=false"])
-        from .runner import _finished
+        from .records import finished as _finished
 
         if not _finished(d, steps):
             resume = os.path.exists(os.path.join(d, "metrics.jsonl"))

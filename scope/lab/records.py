@@ -25,11 +25,23 @@ WEIGHTS = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 NAME = re.compile(r"^(?P<paradigm>[a-z0-9_]+)-seed(?P<seed>\d+)\.tar\.gz$")
 
 
+def finished(run_dir: str, steps: int) -> bool:
+    """Whether ``run_dir``'s metrics reach step ``steps`` (0 for Base, whose one line is its evaluation)."""
+    from ..run import read_metrics
+
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return False
+    try:
+        return any(m.get("step") == steps for m in read_metrics(path))
+    except (ValueError, OSError):
+        return False
+
+
 def finished_runs(grid: str) -> list[tuple[str, int, str]]:
     """``(paradigm, seed, run dir)`` of every finished run under ``grid``: Base with its step-0 evaluation,
     a trained run with the metrics line of its config's last step."""
     from ..config import load_config
-    from .runner import _finished
 
     out: list[tuple[str, int, str]] = []
     if not os.path.isdir(grid):
@@ -44,7 +56,7 @@ def finished_runs(grid: str) -> list[tuple[str, int, str]]:
             if not m or not os.path.exists(os.path.join(run_dir, "config.yaml")):
                 continue
             steps = 0 if paradigm == "base" else load_config(os.path.join(run_dir, "config.yaml")).train.steps
-            if _finished(run_dir, steps):
+            if finished(run_dir, steps):
                 out.append((paradigm, int(m.group(1)), run_dir))
     return out
 

@@ -23,6 +23,7 @@ import time
 from typing import Any, Callable
 
 from ..run import eta
+from .records import finished as _finished
 from ..stats import TRAIN_WINDOW, Cells, window
 
 PARADIGMS = ("base", "single", "ensemble", "single_sharp", "ensemble_base", "single_p1", "persona",
@@ -42,18 +43,6 @@ QUICK: dict[str, Any] = {"seeds": 1, "overrides": ["train.steps=20", "eval.every
 CURVES = [("reward_mean", "training reward"), ("eval/unseen_mean", "held-out reward (unseen simulators)"),
           ("policy_entropy", "policy entropy (nats/token)"), ("zero_variance_frac", "zero-variance group fraction"),
           ("partner_behaviour/modal_mass", "simulator behaviour modal mass")]
-
-
-def _finished(run_dir: str, steps: int) -> bool:
-    from ..run import read_metrics
-
-    path = os.path.join(run_dir, "metrics.jsonl")
-    if not os.path.exists(path):
-        return False
-    try:
-        return any(m.get("step") == steps for m in read_metrics(path))
-    except (ValueError, OSError):
-        return False
 
 
 def evaluate_untrained(cfg, log: Callable[[str], None]) -> None:
