@@ -16,6 +16,7 @@ import gzip
 import io
 import os
 import re
+import shutil
 import tarfile
 
 SKIP = ("checkpoints", "tb")
@@ -127,6 +128,7 @@ def unpack(src: str, grid: str) -> list[str]:
             if bad:
                 raise ValueError(f"{os.path.join(src, fn)}: members outside {root}/: {bad[:3]}")
             tmp = run_dir + ".unpack"
+            shutil.rmtree(tmp, ignore_errors=True)  # a restore cut off earlier leaves nothing of its own in this one
             for t in members:
                 target = os.path.join(tmp, os.path.relpath(t.name, root))
                 os.makedirs(os.path.dirname(target), exist_ok=True)
