@@ -134,6 +134,16 @@ def test_the_grid_runs_and_its_verdicts_are_computed_at_a_tiny_size(tiny_setup):
     assert md.count("held**") + md.count("**not decidable**") == 6
     assert v["signatures"]["sharp_collapses_faster"]["held"] is None  # no T0-sharp run in this grid
     assert "5. " in md and "**not decidable** (a run it needs is missing)" in md.split("5. ")[1].split("\n")[0]
+    # each run's own table against Base: one section a run, Base's paired differences exactly 0
+    runs_md = open(os.path.join(out, "runs.md")).read()
+    assert [ln for ln in runs_md.splitlines() if ln.startswith("## ")] == [
+        "## Base, seed 0 (last evaluation: step 0)", "## RL (Single), seed 0 (last evaluation: step 2)",
+        "## RL (Single), seed 1 (last evaluation: step 2)", "## Ensemble, seed 0 (last evaluation: step 2)"]
+    reps = json.load(open(os.path.join(out, "runs.json")))
+    assert reps[0]["groups"]["P3/P4"]["diff"]["mean"] == 0 and reps[0]["groups"]["P3/P4"]["diff"]["se"] == 0
+    assert reps[1]["groups"]["P3/P4"]["run"]["mean"] == pytest.approx(
+        v["signatures"]["unseen_below_base"]["seeds"][0]["diff"] + reps[0]["groups"]["P3/P4"]["run"]["mean"])
+    assert reps[1]["converged"]["pitches"] == 4
 
 
 def test_a_grid_with_only_base_decides_no_signature(tiny_setup):
@@ -154,6 +164,16 @@ def test_a_per_seed_rule_is_undecided_until_it_has_its_seeds():
     assert _decided([True], 2, "x") is None          # one passing seed of the two the rule needs
     assert _decided([True, True], 2, "x") is True
     assert _decided([], 1, "x") is None              # no run at all
+
+
+def test_what_pitches_converged_on_is_counted():
+    from scope.lab.pitch_verdicts import converged
+
+    c = converged(["Dear friend of the children, give $250.", "Dear friend of the children, give $250 now",
+                   "Hi, $2,000 is", "no amount"])
+    assert c["pitches"] == 4 and c["with_amount"] == 3 and c["top_amount"] == ("$250", 2)  # "$250." counts as "$250"
+    assert c["top_opening"] == ("Dear friend of the childr", 2)
+    assert c["largest_alike_110"] == 1 and converged([]) == {"pitches": 0}
 
 
 def test_bleu_and_group_diversity():

@@ -220,7 +220,8 @@ def verdicts(grid: str, configs: str = "configs/p4g_pitch", overrides: list[str]
     """Every pre-registered signature of docs/p4g_pitch/README.md from the runs in ``grid``: held, not held, or
     not decidable (a run it needs is missing), with the numbers. ``rescore``: the exploit ablation loads the
     models and re-scores Single's final pitches with and without the feature they converged on. Writes
-    ``verdicts.json`` and ``verdicts.md`` in ``grid``."""
+    ``verdicts.json`` and ``verdicts.md`` in ``grid``, and each run's own table against Base (:func:`run_reports`)
+    as ``runs.json`` and ``runs.md``."""
     g = _Grid(grid)
     below, ens = _ends_below(g, "single"), _ends_below(g, "ensemble")
     sig = {
@@ -240,7 +241,114 @@ def verdicts(grid: str, configs: str = "configs/p4g_pitch", overrides: list[str]
         json.dump(res, f, indent=1, default=float)
     with open(os.path.join(grid, "verdicts.md"), "w") as f:
         f.write(verdicts_markdown(res))
+    reports = _reports(g)
+    with open(os.path.join(grid, "runs.json"), "w") as f:
+        json.dump(reports, f, indent=1, default=float)
+    with open(os.path.join(grid, "runs.md"), "w") as f:
+        f.write(run_reports_markdown(reports))
     return res
+
+
+# ---- each run against Base (the docs' per-run tables) ----------------------------------------------------
+REPORT_GROUPS = (("T0",), ("P1",), ("P2",), ("P3", "P4"), ("P3",), ("P4",), ("base-T1.0",), ("verbal",))
+"""The panel's members and pairs each run is reported on, paired with Base (P3/P4: the signatures' measure)."""
+
+
+def converged(pitches: list[str]) -> dict[str, Any]:
+    """What a run's pitches converged on: how many name an amount, the most common first amount, the most common
+    opening (first 25 characters), and the size of the largest class of pitches alike in their first 110."""
+    import collections
+    import re
+
+    if not pitches:
+        return {"pitches": 0}
+    amounts = [m.group(0) for t in pitches for m in [re.search(r"\$\s?[\d,.]*\d", t)] if m]
+
+    def top(xs: list[str]) -> tuple[str, int]:
+        return collections.Counter(xs).most_common(1)[0] if xs else ("", 0)
+
+    return {"pitches": len(pitches), "with_amount": len(amounts), "top_amount": top(amounts),
+            "top_opening": top([t[:25] for t in pitches]), "largest_alike_110": top([t[:110] for t in pitches])[1]}
+
+
+def run_report(g: _Grid, paradigm: str, seed: int, run_dir: str, r: dict[str, Any]) -> dict[str, Any]:
+    """One run against Base: training reward, entropy and diversity (first 4 steps -> last 4), each panel group
+    at Base and at the run's last evaluation with the paired difference (bootstrap over the test personas), P3/P4
+    at every evaluation, and what its final pitches converged on."""
+    from ..stats import task_bootstrap
+    from .runner import _cells_at
+
+    last = r.get("last_eval_step")
+    run_cells, base_cells = [_cells_at(r, last) or {}], [c for c in g.base_cells if c]
+    groups = {}
+    for grp in REPORT_GROUPS:
+        if not all(p in run_cells[0] for p in grp):
+            continue
+        groups["/".join(grp)] = {"base": task_bootstrap(base_cells, list(grp)),
+                                 "run": task_bootstrap(run_cells, list(grp)),
+                                 "diff": task_bootstrap(run_cells, list(grp), minus=base_cells)}
+    steps = sorted(int(s) for s in r.get("cells", {}))
+    by_step = {s: task_bootstrap([_cells_at(r, s) or {}], list(UNSEEN))["mean"] for s in steps}
+    _, recs = _eval_records(run_dir)
+    first = recs[0]["meta"].get("partner") if recs else None
+    return {"paradigm": paradigm, "seed": seed, "last_eval_step": last,
+            "train_reward": (r.get("train_reward_start"), r.get("train_reward")),
+            "entropy": (r.get("entropy_start"), r.get("entropy_end")),
+            "diversity": rollout_diversity(run_dir), "groups": groups, "unseen_by_step": by_step,
+            "converged": converged([p for p, _, _ in _pitches(recs, first)])}
+
+
+def run_reports(grid: str) -> list[dict[str, Any]]:
+    """:func:`run_report` for every run in ``grid`` (Base's own row included: its differences are 0), in the
+    order of the lab's labels. Written by ``scope pitch verdicts`` as ``runs.md`` and ``runs.json``."""
+    return _reports(_Grid(grid))
+
+
+def _reports(g: _Grid) -> list[dict[str, Any]]:
+    from .runner import LABELS
+
+    names = [p for p in LABELS if os.path.isdir(os.path.join(g.dir, p))]
+    return [run_report(g, p, k, d, r) for p in names for k, d, r in g.runs(p)]
+
+
+def _ci(x: dict[str, float], sign: bool = False) -> str:
+    f = "{:+.3f}" if sign else "{:.3f}"
+    if math.isnan(x.get("mean", math.nan)):
+        return "n/a"
+    return f"{f.format(x['mean'])} [{f.format(x['lo'])}, {f.format(x['hi'])}]"
+
+
+def run_reports_markdown(reports: list[dict[str, Any]]) -> str:
+    from .runner import LABELS
+
+    lines = ["# P4G-pitch: each run against Base", "",
+             "Paired over the test personas with Base's step-0 evaluation (95% percentile bootstrap over the personas; "
+             "P3/P4 are the unseen pair). First 4 -> last 4 training steps for the training reward, token entropy "
+             "(nats) and the within-group diversity of the saved rollouts.", ""]
+    for rep in reports:
+        tr, en, dv = rep["train_reward"], rep["entropy"], rep["diversity"]
+        lines += [f"## {LABELS.get(rep['paradigm'], rep['paradigm'])}, seed {rep['seed']} (last evaluation: step "
+                  f"{rep['last_eval_step']})", "",
+                  f"- training reward {_f(tr[0])} -> {_f(tr[1])}; entropy {_f(en[0], 2)} -> {_f(en[1], 2)}; distinct "
+                  f"pitches within a group {_f(dv.get('distinct_start'), 2)} -> {_f(dv.get('distinct_end'), 2)}; "
+                  f"self-BLEU {_f(dv.get('self_bleu_start'), 2)} -> {_f(dv.get('self_bleu_end'), 2)}",
+                  "- P3/P4 by evaluation step: " + ", ".join(f"{s}: {_f(v)}" for s, v in rep["unseen_by_step"].items())]
+        c = rep["converged"]
+
+        def code(t: str) -> str:
+            return "`" + t.replace("\n", "\\n").replace("`", "'") + "`"
+
+        if c.get("pitches"):
+            lines.append(f"- final pitches ({c['pitches']}): {c['with_amount']} name an amount, the most common first "
+                         f"amount {code(c['top_amount'][0])} in {c['top_amount'][1]}; the most common opening "
+                         f"{code(c['top_opening'][0])} in {c['top_opening'][1]}; the largest class alike in their "
+                         f"first 110 characters: {c['largest_alike_110']}")
+        lines += ["", "| simulator | Base | this run | paired difference (s.e.) |", "|---|---|---|---|"]
+        for name, x in rep["groups"].items():
+            lines.append(f"| {name} | {_ci(x['base'])} | {_ci(x['run'])} | {_ci(x['diff'], True)} "
+                         f"({_f(x['diff'].get('se'))}) |")
+        lines.append("")
+    return "\n".join(lines)
 
 
 def _decided(ok: list[bool], seeds: int, who: str) -> bool | None:
