@@ -71,6 +71,10 @@ def test_a_grid_packed_into_records_is_restored_and_not_run_again(tmp_path):
     assert os.path.isdir(os.path.join(a, "single", "seed0", "checkpoints"))
     assert not any("checkpoints" in m or m.endswith(".safetensors") for m in members)  # records leave weights out
     assert pack(a, records) == []  # reproducible bytes: packing again rewrites nothing
+    for fn in names:
+        os.remove(os.path.join(records, fn))
+    assert pack(a, records, only=("single", 0)) == [os.path.join(records, "single-seed0.tar.gz")]  # that run only
+    assert len(pack(a, records)) == 2  # the other two
 
     lines: list[str] = []
     b = _grid(tmp_path, "b", records=records, log=lines.append)

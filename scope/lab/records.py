@@ -87,12 +87,15 @@ def _archive(run_dir: str, arcroot: str) -> bytes:
     return gz.getvalue()
 
 
-def pack(grid: str, dest: str) -> list[str]:
-    """Write a record of every finished run of ``grid`` into ``dest``; returns the paths written or rewritten
-    (a record whose bytes would not change is left as it is)."""
+def pack(grid: str, dest: str, only: tuple[str, int] | None = None) -> list[str]:
+    """Write a record of every finished run of ``grid`` (or of the one run ``only = (paradigm, seed)``, if it is
+    finished) into ``dest``; returns the paths written or rewritten (a record whose bytes would not change is left
+    as it is)."""
     os.makedirs(dest, exist_ok=True)
     written = []
     for paradigm, seed, run_dir in finished_runs(grid):
+        if only is not None and (paradigm, seed) != only:
+            continue
         data = _archive(run_dir, os.path.join(paradigm, f"seed{seed}"))
         path = os.path.join(dest, f"{paradigm}-seed{seed}.tar.gz")
         if os.path.exists(path):

@@ -139,8 +139,8 @@ def run_lab(out: str, configs: str = "configs/lab", paradigms: tuple[str, ...] |
         log(f"lab: {LABELS[p]} seed {seed}: held-out unseen {_f(r.get('unseen'))}, "
             f"seen {_f(r.get('seen'))}, train reward {_f(r.get('train_reward'))} "
             f"({time.time() - t0:.0f}s; {time.time() - t_all:.0f}s so far)")
-        if records:
-            for path in pack(out, records):
+        if records:  # this run's record, as soon as it is finished
+            for path in pack(out, records, only=(p, seed)):
                 log(f"lab: packed {path}")
     if records:  # runs finished before this invocation, too
         for path in pack(out, records):
