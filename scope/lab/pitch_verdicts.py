@@ -212,7 +212,11 @@ def _cures(g: _Grid) -> dict[str, Any]:
         c["p_holm"] = adj
         c["supported"] = bool(adj < 0.05)
     return {"rule": "each cure's final P3/P4 reward minus RL (Single)'s (both seeds), paired bootstrap over the test "
-                    "personas; two-sided p-values Holm-corrected over the cures", "comparisons": comps}
+                    "personas; two-sided p-values Holm-corrected over the cures", "comparisons": comps,
+            "seeds_single": len(s_cells),
+            "note": "the bootstrap resamples the test personas given the trained policies: it holds evaluation noise, "
+                    "not the spread between training seeds, so a cure 'supported' with one seed a side may not be "
+                    "once the seeds vary"}
 
 
 def verdicts(grid: str, configs: str = "configs/p4g_pitch", overrides: list[str] | None = None,
@@ -400,5 +404,6 @@ def verdicts_markdown(res: dict[str, Any]) -> str:
     x = s["cures_vs_single"]
     lines.append(f"7. {x['rule']}: " + ("; ".join(
         f"{c['cure']} {c['diff']:+.3f} [{c['lo']:+.3f}, {c['hi']:+.3f}], p {_f(c['p'])}, Holm {_f(c['p_holm'])}"
-        f"{' (supported)' if c['supported'] else ''}" for c in x["comparisons"]) or "no cure run yet") + ".")
+        f"{' (supported)' if c['supported'] else ''} ({c['seeds']} seed(s) against {x['seeds_single']} of RL (Single))"
+        for c in x["comparisons"]) or "no cure run yet") + "." + (f" ({x['note']}.)" if x["comparisons"] else ""))
     return "\n".join(lines) + "\n"
