@@ -537,16 +537,18 @@ def plot_curves(out: str, results: dict[str, Any]) -> list[str]:
 
     runs = results["runs"]
     written = []
-    fig, axes = plt.subplots(1, len(CURVES), figsize=(4.2 * len(CURVES), 3.6), dpi=100)
-    for ax, (key, title) in zip(axes, CURVES):
+    # a curve no run measured (the simulator's behaviour where its replies are a readout) gets no empty panel
+    shown = [(k, t) for k, t in CURVES if any(r["curves"].get(k) for rs in runs.values() for r in rs)] or CURVES[:1]
+    fig, axes = plt.subplots(1, len(shown), figsize=(4.2 * len(shown), 3.6), dpi=100, squeeze=False)
+    for ax, (key, title) in zip(axes[0], shown):
         _draw(ax, runs, key, title)
-    axes[0].legend(fontsize=7)
+    axes[0][0].legend(fontsize=7)
     fig.tight_layout()
     path = os.path.join(out, "curves.png")
     fig.savefig(path)
     plt.close(fig)
     written.append(path)
-    for key, title in CURVES:
+    for key, title in shown:
         fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=100)
         _draw(ax, runs, key, title)
         ax.legend(fontsize=8)
