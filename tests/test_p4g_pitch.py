@@ -144,6 +144,19 @@ def test_the_grid_runs_and_its_verdicts_are_computed_at_a_tiny_size(tiny_setup):
     assert reps[1]["groups"]["P3/P4"]["run"]["mean"] == pytest.approx(
         v["signatures"]["unseen_below_base"]["seeds"][0]["diff"] + reps[0]["groups"]["P3/P4"]["run"]["mean"])
     assert reps[1]["converged"]["pitches"] == 4
+    # a run still training (its metrics short of its last step) is no run of the grid yet: not reported, not scored
+    import shutil
+
+    partial = os.path.join(out, "single", "seed2")
+    shutil.copytree(os.path.join(out, "single", "seed1"), partial)
+    with open(os.path.join(partial, "metrics.jsonl")) as f:
+        first_line = f.readline()
+    with open(os.path.join(partial, "metrics.jsonl"), "w") as f:
+        f.write(first_line)
+    assert len(pitch_verdicts.run_reports(out)) == 4
+    v2 = pitch_verdicts.verdicts(out, CONFIGS, overrides=overrides, rescore=False, log=lambda s: None)
+    assert [x["seed"] for x in v2["signatures"]["unseen_below_base"]["seeds"]] == [0, 1]
+    shutil.rmtree(partial)
 
 
 def test_a_grid_with_only_base_decides_no_signature(tiny_setup):

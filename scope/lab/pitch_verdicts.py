@@ -73,10 +73,13 @@ class _Grid:
     step-0 evaluation cells every difference is paired with."""
 
     def __init__(self, grid: str) -> None:
+        from .records import finished_runs
         from .runner import _cells_at
 
         self.dir = grid
         self._runs: dict[str, list[tuple[int, str, dict[str, Any]]]] = {}
+        self._diversity: dict[str, dict[str, float]] = {}
+        self._finished = finished_runs(grid)
         base = self.runs("base")
         if not base:
             raise FileNotFoundError(f"{grid}/base/seed0: the grid has no Base run yet")
@@ -86,11 +89,15 @@ class _Grid:
     def runs(self, paradigm: str) -> list[tuple[int, str, dict[str, Any]]]:
         from .runner import run_summary
 
-        if paradigm not in self._runs:
-            dirs = [(k, os.path.join(self.dir, paradigm, f"seed{k}")) for k in range(8)]
-            self._runs[paradigm] = [(k, d, run_summary(d)) for k, d in dirs
-                                    if os.path.exists(os.path.join(d, "metrics.jsonl"))]
+        if paradigm not in self._runs:  # finished runs only: one still training is no run of the grid yet
+            self._runs[paradigm] = sorted((k, d, run_summary(d)) for p, k, d in self._finished if p == paradigm)
         return self._runs[paradigm]
+
+    def diversity(self, run_dir: str) -> dict[str, float]:
+        """:func:`rollout_diversity` of a run, computed once (signature 4 and the per-run tables both read it)."""
+        if run_dir not in self._diversity:
+            self._diversity[run_dir] = rollout_diversity(run_dir)
+        return self._diversity[run_dir]
 
     def vs_base(self, r: dict[str, Any], step: Any = None) -> dict[str, float]:
         """A run's P3/P4 reward at ``step`` (default its last evaluation) minus Base's, paired over the personas."""
@@ -121,7 +128,7 @@ def _diversity(g: _Grid) -> dict[str, Any]:
     div = {}
     for p in ("single", "ensemble"):
         for k, d, r in g.runs(p):
-            dv = rollout_diversity(d)
+            dv = g.diversity(d)
             ent = (r.get("entropy_start") or math.nan) - (r.get("entropy_end") or math.nan)
             div[f"{p}@{k}"] = {"entropy_drop": ent,
                                "distinct_drop": dv["distinct_start"] - dv["distinct_end"],
@@ -298,7 +305,7 @@ def run_report(g: _Grid, paradigm: str, seed: int, run_dir: str, r: dict[str, An
     return {"paradigm": paradigm, "seed": seed, "last_eval_step": last,
             "train_reward": (r.get("train_reward_start"), r.get("train_reward")),
             "entropy": (r.get("entropy_start"), r.get("entropy_end")),
-            "diversity": rollout_diversity(run_dir), "groups": groups, "unseen_by_step": by_step,
+            "diversity": g.diversity(run_dir), "groups": groups, "unseen_by_step": by_step,
             "converged": converged([p for p, _, _ in _pitches(recs, first)])}
 
 
@@ -322,6 +329,11 @@ def _ci(x: dict[str, float], sign: bool = False) -> str:
     return f"{f.format(x['mean'])} [{f.format(x['lo'])}, {f.format(x['hi'])}]"
 
 
+def _code(t: str) -> str:
+    """A pitch's text as inline markdown code on one line."""
+    return "`" + t.replace("\n", "\\n").replace("`", "'") + "`"
+
+
 def run_reports_markdown(reports: list[dict[str, Any]]) -> str:
     from .runner import LABELS
 
@@ -338,14 +350,10 @@ def run_reports_markdown(reports: list[dict[str, Any]]) -> str:
                   f"self-BLEU {_f(dv.get('self_bleu_start'), 2)} -> {_f(dv.get('self_bleu_end'), 2)}",
                   "- P3/P4 by evaluation step: " + ", ".join(f"{s}: {_f(v)}" for s, v in rep["unseen_by_step"].items())]
         c = rep["converged"]
-
-        def code(t: str) -> str:
-            return "`" + t.replace("\n", "\\n").replace("`", "'") + "`"
-
         if c.get("pitches"):
             lines.append(f"- final pitches ({c['pitches']}): {c['with_amount']} name an amount, the most common first "
-                         f"amount {code(c['top_amount'][0])} in {c['top_amount'][1]}; the most common opening "
-                         f"{code(c['top_opening'][0])} in {c['top_opening'][1]}; the largest class alike in their "
+                         f"amount {_code(c['top_amount'][0])} in {c['top_amount'][1]}; the most common opening "
+                         f"{_code(c['top_opening'][0])} in {c['top_opening'][1]}; the largest class alike in their "
                          f"first 110 characters: {c['largest_alike_110']}")
         lines += ["", "| simulator | Base | this run | paired difference (s.e.) |", "|---|---|---|---|"]
         for name, x in rep["groups"].items():
