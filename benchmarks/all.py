@@ -18,7 +18,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BENCHES = ["rollout_throughput", "verbalized_sampling", "population", "alternating_updates", "learner_memory",
-           "decode_step", "parallel_step", "tau2_env", "coop_env", "coop_grading", "koth_game", "scale"]
+           "decode_step", "panel_readout", "parallel_step", "tau2_env", "coop_env", "coop_grading", "koth_game",
+           "scale"]
 ROOT = os.path.dirname(HERE)
 PYTHON = {"scale": os.path.join(ROOT, ".venv-scale", "bin", "python")}  # vLLM and Ray live in their own venv
 OWN_ALLOCATOR = {"alternating_updates", "scale"}
@@ -45,6 +46,9 @@ GOALS = {
     ("parallel_step", "ddp_ratio"): (None, None, "x", "the same update over 2 gloo ranks (DDP) vs one process"),
     ("parallel_step", "fsdp_ratio"): (None, None, "x", "the same update over 2 gloo ranks (FSDP2) vs one process"),
     ("decode_step", "prefill_chunked_tok_s"): (None, None, "tok/s", "prefill, 32 x 204 tokens in the engine's chunks"),
+    ("panel_readout", "ratio"): (None, None, "x", "a panel's readouts (6 members, 96 prompts), each member alone vs the "
+                                  "layers below the adapters shared"),
+    ("panel_readout", "identical"): (">=", 1.0, "", "the same readouts to the bit with the sharing (1: yes)"),
     ("tau2_retail", "calls_per_s"): (None, None, "/s", "tau2 retail tool calls"),
     ("tau2_airline", "calls_per_s"): (None, None, "/s", "tau2 airline tool calls"),
     ("coop_env", "calls_per_s"): (None, None, "/s", "sandboxed command calls (true)"),

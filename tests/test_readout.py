@@ -171,3 +171,38 @@ def test_p4g_pitch_tasks_are_the_p4g_personas():
     tasks = P4GPitch.load_tasks("test", personas="real", data_dir=data)
     assert len(tasks) > 100 and all(t.id.startswith("p4g_pitch/") for t in tasks)
     assert short_persona(tasks[0].data).startswith("You are ")
+
+
+def test_simulators_on_one_base_share_the_layers_below_their_adapters_to_the_bit(tiny):
+    """A panel reads the same prompts under the base and under adapters on the top layers only: the layers
+    below an adapter are run once and shared, and every readout is what it is without the sharing, bit for
+    bit (the distributions and the drawn replies), at either temperature and for an adapter on every layer."""
+    b = digit_biased(tiny)
+    n = b.model.config.num_hidden_layers
+    b.add_lora("top", r=4, top_layers=1)
+    b.add_lora("all", r=4)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in b.model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+    assert b._first_layer(None) == n and b._first_layer("top") == n - 1 and b._first_layer("all") == 0
+    prompts = _prompts(b.tokenizer, 3) * 12  # two chunks of up to 32
+    plan = [(None, 0.7), ("top", 0.7), (None, 1.0), ("all", 0.7), ("top", 1.0)]
+
+    def read(share: bool):
+        b.share_readouts, b._shared = share, None
+        b.generator.manual_seed(5)
+        out = [b.readout(prompts, SamplingParams(temperature=t, max_new_tokens=3), AMOUNT, adapter=a)
+               for a, t in plan]
+        return out, (b._shared.hits if share else 0)
+
+    plain, _ = read(False)
+    shared, hits = read(True)
+    assert hits == 2 * 3  # "top" twice and the base at T=1.0 once, two chunks each; "all" runs on its own
+    for rs, qs in zip(plain, shared):
+        for r, q in zip(rs, qs):
+            assert r.dist == q.dist and r.outcome == q.outcome
+            assert r.completion.token_ids == q.completion.token_ids and r.completion.logprobs == q.completion.logprobs
+    # the adapters do change the readout (the sharing is tested on different weights)
+    assert plain[0][0].dist != plain[1][0].dist and plain[0][0].dist != plain[3][0].dist

@@ -7,6 +7,7 @@ partner, pool members) can therefore share one base in memory. Sampling runs in 
 from __future__ import annotations
 
 import contextlib
+import re
 import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -227,12 +228,49 @@ class LocalBackend:
         if getattr(self, "_classes", None) is None:
             self._classes = _Classes(self.tokenizer, self.model.get_output_embeddings().weight.shape[0])
         version = self.versions.get(adapter, 0)
+        shared, start, saves, weights = self._split_plan(adapter)
         with self.using(adapter) as model, self.packed.active(model):
             outs = _readout(model, self._classes, prompts, sampling.temperature, readout, self.generator,
-                            self.pad_id)
+                            self.pad_id, shared=shared, start=start, saves=saves, weights=weights)
         for r in outs:
             r.completion.model_id, r.completion.model_version = f"{self.name}:{adapter or 'base'}", version
         return outs
+
+    share_readouts = True  # readouts under adapters on the top layers share the layers below (.readout.Shared)
+
+    def _split_plan(self, adapter: str | None) -> tuple[Any, int, set[int], tuple]:
+        """For a readout under ``adapter``: the backend's :class:`.readout.Shared` (None where nothing can be
+        shared), the first layer the adapter changes (the layer count for the base: none), the layers whose
+        entering states a read from the embeddings keeps for the other adapters (where one of them starts, at
+        or below this one's start), and what identifies the base weights (each tensor's storage and in-place
+        version)."""
+        from .readout import Shared, splittable
+
+        if not self.share_readouts:
+            return None, 0, set(), ()
+        if getattr(self, "_shared", None) is None:
+            self._shared = Shared() if splittable(self.model) else False
+        if not self._shared:
+            return None, 0, set(), ()
+        start = self._first_layer(adapter)
+        saves = {k for a in ([None] + self.adapter_names() if self.is_peft else [None])
+                 if 0 < (k := self._first_layer(a)) <= start}
+        weights = tuple((p.data_ptr(), p._version) for name, p in self.model.named_parameters()
+                        if "lora_" not in name)
+        return (self._shared if start else None), start, saves, weights
+
+    def _first_layer(self, adapter: str | None) -> int:
+        """The lowest decoder layer that ``adapter`` has weights in (the layer count for the base)."""
+        n = self.model.config.num_hidden_layers
+        if adapter is None:
+            return n
+        key = (adapter, tuple(self.model.peft_config))
+        cache = self.__dict__.setdefault("_first_layers", {})
+        if key not in cache:
+            firsts = [int(m.group(1)) for name, mod in self.model.named_modules()
+                      if (m := re.search(r"\.layers\.(\d+)\.", name)) and adapter in getattr(mod, "lora_A", {})]
+            cache[key] = min(firsts) if firsts else n
+        return cache[key]
 
     def _share_prefix(self, model, prompts: list[list[int]], reuse: list) -> None:
         """Prefill the longest common prefix of the rows that have no cache once (in place on ``reuse``)."""

@@ -8,10 +8,18 @@ fed on together in one forward pass (each node's key/values taken once per open 
 ``Readout.max_tokens``.
 Which tokens settle what depends only on the text before them, so the tokens are sorted once per text
 and kept (``_Classes``).
+
+A panel reads the same prompts under several simulators that share one base model: adapters fitted on the
+top layers only (the people-fitted persuadees), or the base itself at another temperature. ``Shared`` keeps,
+for the last chunks read, the decoder's hidden states at the layers where some adapter starts; a simulator
+whose adapter leaves every layer below such a point as the base's takes them and runs only the layers above.
+The layers below compute exactly what they would have (the same weights, inputs and shapes), so a readout
+gives the same numbers, to the bit, with or without it (``tests/test_readout.py``).
 """
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from typing import Any
 
 import torch
@@ -52,13 +60,19 @@ def _parts(model):
     return base.get_decoder(), base.get_output_embeddings()
 
 
-def _run(model, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache, last: torch.Tensor):
+def _run(model, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache, last: torch.Tensor,
+         split: _Split | None = None, step: int = 0):
     """One forward pass of the decoder over ``ids`` [B, q] on top of ``cache`` (``mask``: [B, cached + q], the
     real tokens, or a boolean [B, 1, q, cached + q] of what each query attends to); the output layer is
-    applied only at each row's positions ``last`` [B, j]. Returns (logits [B, j, vocab], the new cache)."""
+    applied only at each row's positions ``last`` [B, j]. Returns (logits [B, j, vocab], the new cache).
+    With ``split``, the chunk's pass number ``step`` runs layer by layer (``_layers``)."""
     from .decode import _cache_kw
 
     dec, head = _parts(model)
+    if split is not None:
+        h, new = _layers(dec, ids, mask, positions, cache, split, step)
+        h = dec.norm(h)[torch.arange(ids.shape[0], device=ids.device)[:, None], last]
+        return head(h), new
     kw = {_cache_kw(model): cache} if cache is not None else {}
     out = dec(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **kw)
     h = out.last_hidden_state[torch.arange(ids.shape[0], device=ids.device)[:, None], last]
@@ -66,14 +80,90 @@ def _run(model, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, 
     return head(h), new
 
 
+def _layers(dec, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache, split: _Split,
+            step: int):
+    """Llama's decoder forward, written out (the same operations in the same order), before its final norm;
+    from ``split.start`` on the states saved for this pass, or from the embeddings, saving the states that
+    enter each layer of ``split.saves``. Returns (hidden states, cache)."""
+    from transformers import DynamicCache
+    from transformers.masking_utils import create_causal_mask
+
+    if cache is None:
+        cache = DynamicCache(config=dec.config)
+    n_layers = dec.config.num_hidden_layers
+    if split.start > 0:
+        rec = split.entry[step]
+        h, causal, rope = rec[split.start], rec["mask"], rec["rope"]
+    else:
+        h = dec.embed_tokens(ids)
+        causal = create_causal_mask(config=dec.config, inputs_embeds=h, attention_mask=mask, cache=cache,
+                                    position_ids=positions)
+        rope = dec.rotary_emb(h, position_ids=positions)
+        rec = split.entry[step] = {"mask": causal, "rope": rope}
+    for i in range(split.start, n_layers):
+        if split.start == 0 and i in split.saves:
+            rec[i] = h
+        h = dec.layers[i](h, attention_mask=causal, position_embeddings=rope, position_ids=positions, cache=cache,
+                          use_cache=True)
+    if split.start == 0 and n_layers in split.saves:
+        rec[n_layers] = h
+    return h, cache
+
+
 def _select(model, cache, rows: torch.Tensor):
-    """A new cache holding the given rows of ``cache`` (a row may be taken several times)."""
+    """A new cache holding the given rows of ``cache`` (a row may be taken several times; layers a split pass
+    did not run stay empty)."""
     from transformers import DynamicCache
 
     c = DynamicCache(config=model.config)
     for li, layer in enumerate(cache.layers):
-        c.update(layer.keys.index_select(0, rows), layer.values.index_select(0, rows), li)
+        if getattr(layer, "keys", None) is not None and layer.keys.numel():
+            c.update(layer.keys.index_select(0, rows), layer.values.index_select(0, rows), li)
     return c
+
+
+class Shared:
+    """Per backend: for the last ``keep`` chunks of prompts read, the decoder's hidden states entering chosen
+    layers of each forward pass (with the pass's attention mask and rotary embeddings), valid while the
+    base weights stay as they were."""
+
+    def __init__(self, keep: int = 8):
+        self.keep = keep
+        self.entries: OrderedDict[tuple, dict[int, dict]] = OrderedDict()
+        self.hits = 0  # chunks read from saved states
+
+    def get(self, key: tuple, layer: int) -> dict[int, dict] | None:
+        e = self.entries.get(key)
+        if e is None or any(layer not in rec for rec in e.values()):
+            return None
+        self.entries.move_to_end(key)
+        self.hits += 1
+        return e
+
+    def put(self, key: tuple, entry: dict[int, dict]) -> None:
+        self.entries[key] = entry
+        self.entries.move_to_end(key)
+        while len(self.entries) > self.keep:
+            self.entries.popitem(last=False)
+
+
+def splittable(model) -> bool:
+    """Whether the decoder's forward is one this module runs layer by layer as it does itself (Llama's)."""
+    from transformers.models.llama.modeling_llama import LlamaModel
+
+    from .decode import _cache_kw
+
+    dec, _ = _parts(model)
+    return type(dec) is LlamaModel and _cache_kw(model) == "cache"
+
+
+class _Split:
+    """How one chunk's passes run: from layer ``start`` on hidden states saved by an earlier reader
+    (``entry``), or from the embeddings, saving the states entering each layer in ``saves``."""
+
+    def __init__(self, start: int, saves: set[int], entry: dict[int, dict] | None):
+        self.start, self.saves = start, saves
+        self.entry: dict[int, dict] = entry if entry is not None else {}
 
 
 def _logp(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -87,11 +177,24 @@ def _logp(logits: torch.Tensor, temperature: float) -> torch.Tensor:
 
 @torch.inference_mode()
 def readout(model, classes: _Classes, prompts: list[list[int]], temperature: float, spec: Readout,
-            generator: torch.Generator, pad_id: int, batch: int = 32) -> list[ReadoutResult]:
-    """The readout of every prompt, ``batch`` prompts at a time."""
+            generator: torch.Generator, pad_id: int, batch: int = 32, shared: Shared | None = None,
+            start: int = 0, saves: frozenset[int] | set[int] = frozenset(), weights: tuple = ()
+            ) -> list[ReadoutResult]:
+    """The readout of every prompt, ``batch`` prompts at a time. With ``shared``: the active weights are the
+    base's in every layer below ``start`` (``weights`` identifies the base's), so a chunk whose states entering
+    layer ``start`` another reader saved runs from there; a chunk read from the embeddings saves the states
+    entering each layer of ``saves`` (all at or below ``start``)."""
     out: list[ReadoutResult] = []
     for i in range(0, len(prompts), batch):
-        out += _chunk(model, classes, prompts[i:i + batch], temperature, spec, generator, pad_id)
+        chunk = prompts[i:i + batch]
+        split = None
+        if shared is not None:
+            key = (weights, tuple(map(tuple, chunk)), spec.outcome, spec.max_tokens, spec.max_nodes)
+            entry = shared.get(key, start) if start > 0 else None
+            split = _Split(start if entry is not None else 0, set(saves), entry)
+        out += _chunk(model, classes, chunk, temperature, spec, generator, pad_id, split)
+        if split is not None and split.start == 0 and split.saves:
+            shared.put(key, split.entry)  # type: ignore[union-attr]
     return out
 
 
@@ -115,7 +218,7 @@ def _tree(classes: _Classes, spec: Readout) -> list[tuple[int, int, str]]:
 
 
 def _chunk(model, classes: _Classes, prompts: list[list[int]], temperature: float, spec: Readout,
-           generator: torch.Generator, pad_id: int) -> list[ReadoutResult]:
+           generator: torch.Generator, pad_id: int, split: _Split | None = None) -> list[ReadoutResult]:
     device = next(model.parameters()).device
     b = len(prompts)
     key = ("tree", spec.outcome, spec.max_tokens, spec.max_nodes)
@@ -136,11 +239,11 @@ def _chunk(model, classes: _Classes, prompts: list[list[int]], temperature: floa
     if n > 0:
         head = torch.tensor([prompts[0][:n]], device=device)
         _, pre = _run(model, head, torch.ones_like(head), torch.arange(n, device=device)[None], None,
-                      torch.tensor([[n - 1]], device=device))
+                      torch.tensor([[n - 1]], device=device), split, 0)
         cache = _select(model, pre, torch.zeros(b, dtype=torch.long, device=device))
     mask = torch.cat([torch.ones(b, n, dtype=torch.bool, device=device), own], 1)
     logits, cache = _run(model, ids, mask.long(), (n + torch.arange(width, device=device))[None].expand(b, -1), cache,
-                         (lens - 1)[:, None])
+                         (lens - 1)[:, None], split, 1)
     lps = [[_logp(logits[r, 0], temperature)] for r in range(b)]  # per row: the root's, then each tree node's
     if tree:
         # every open continuation in one pass on top of the prompts, each attending to its row's prompt and
@@ -156,7 +259,7 @@ def _chunk(model, classes: _Classes, prompts: list[list[int]], temperature: floa
         m4 = torch.cat([mask[:, None, :].expand(b, k, -1), anc[None].expand(b, -1, -1)], 2)[:, None]
         pos = n + lens[:, None] + torch.tensor(depth, device=device)[None] - 1
         toks = torch.tensor([t for _, t, _ in tree], device=device)[None].expand(b, -1)
-        logits, _ = _run(model, toks, m4, pos, cache, torch.arange(k, device=device)[None].expand(b, -1))
+        logits, _ = _run(model, toks, m4, pos, cache, torch.arange(k, device=device)[None].expand(b, -1), split, 2)
         for r in range(b):
             lps[r] += [_logp(logits[r, i], temperature) for i in range(k)]
     return [_read(classes, spec, tree, lps[r], generator) for r in range(b)]
