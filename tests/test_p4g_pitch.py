@@ -214,3 +214,11 @@ def test_the_other_paradigms_train_at_a_tiny_size(tiny_setup, paradigm):
     assert m["episodes"] == 4 and m["failed_episodes"] == 0
     if paradigm in ("cotrain", "population"):
         assert m["partner/train/trained_tokens"] > 0
+
+
+def test_a_cure_helps_only_above_single():
+    from scope.lab.pitch_verdicts import cure_verdict
+
+    assert cure_verdict(+0.02, 0.002) == (True, False)
+    assert cure_verdict(-0.38, 0.000) == (False, True)  # significant, the wrong way: not a cure that helps
+    assert cure_verdict(+0.006, 0.334) == (False, False)

@@ -202,6 +202,14 @@ def _ablation(g: _Grid, configs: str, overrides: list[str] | None, rescore: bool
     return out
 
 
+def cure_verdict(diff: float, p_holm: float, alpha: float = 0.05) -> tuple[bool, bool]:
+    """Signature 7's reading of one cure against RL (Single): (it helps: above Single with a Holm-corrected
+    p below ``alpha``; it is worse: below Single with such a p). A significant difference in the wrong
+    direction is not a cure that helps."""
+    sig = bool(p_holm < alpha)
+    return sig and diff > 0, sig and diff < 0
+
+
 def _cures(g: _Grid) -> dict[str, Any]:
     from ..stats import holm
     from .runner import _cells_at
@@ -217,7 +225,7 @@ def _cures(g: _Grid) -> dict[str, Any]:
                       "seeds": len(rs)})
     for c, adj in zip(comps, holm([c["p"] for c in comps])):
         c["p_holm"] = adj
-        c["supported"] = bool(adj < 0.05)
+        c["supported"], c["worse"] = cure_verdict(c["diff"], adj)
     return {"rule": "each cure's final P3/P4 reward minus RL (Single)'s (both seeds), paired bootstrap over the test "
                     "personas; two-sided p-values Holm-corrected over the cures", "comparisons": comps,
             "seeds_single": len(s_cells),
@@ -412,6 +420,7 @@ def verdicts_markdown(res: dict[str, Any]) -> str:
     x = s["cures_vs_single"]
     lines.append(f"7. {x['rule']}: " + ("; ".join(
         f"{c['cure']} {c['diff']:+.3f} [{c['lo']:+.3f}, {c['hi']:+.3f}], p {_f(c['p'])}, Holm {_f(c['p_holm'])}"
-        f"{' (supported)' if c['supported'] else ''} ({c['seeds']} seed(s) against {x['seeds_single']} of RL (Single))"
+        f"{' (supported)' if c['supported'] else ' (below RL (Single): it does not help)' if c.get('worse') else ''}"
+        f" ({c['seeds']} seed(s) against {x['seeds_single']} of RL (Single))"
         for c in x["comparisons"]) or "no cure run yet") + "." + (f" ({x['note']}.)" if x["comparisons"] else ""))
     return "\n".join(lines) + "\n"
