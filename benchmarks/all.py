@@ -46,8 +46,8 @@ GOALS = {
     ("parallel_step", "ddp_ratio"): (None, None, "x", "the same update over 2 gloo ranks (DDP) vs one process"),
     ("parallel_step", "fsdp_ratio"): (None, None, "x", "the same update over 2 gloo ranks (FSDP2) vs one process"),
     ("decode_step", "prefill_chunked_tok_s"): (None, None, "tok/s", "prefill, 32 x 204 tokens in the engine's chunks"),
-    ("panel_readout", "ratio"): (None, None, "x", "a panel's readouts (6 members, 96 prompts), each member alone vs the "
-                                  "layers below the adapters shared"),
+    ("panel_readout", "ratio"): (None, None, "x", "a panel's readouts (6 members, 96 prompts), each member alone vs "
+                                  "the layers below the adapters shared"),
     ("panel_readout", "identical"): (">=", 1.0, "", "the same readouts to the bit with the sharing (1: yes)"),
     ("tau2_retail", "calls_per_s"): (None, None, "/s", "tau2 retail tool calls"),
     ("tau2_airline", "calls_per_s"): (None, None, "/s", "tau2 airline tool calls"),
