@@ -79,8 +79,9 @@ def test_the_grid_plan_orders_the_runs_as_the_issue_asks():
 
     plan = read_plan(CONFIGS, available(CONFIGS))
     assert plan[:3] == [("base", 0), ("single", 0), ("single", 1)]
-    assert [p for p, _ in plan[3:]] == ["ensemble", "single_sharp", "ensemble_base", "single_p1", "cotrain",
-                                        "population"]
+    assert plan[3:9] == [("ensemble", 0), ("single_sharp", 0), ("ensemble_base", 0), ("single_p1", 0),
+                         ("cotrain", 0), ("population", 0)]
+    assert plan[9:] == [("ensemble", 1)]  # added after the results, for signature 7 (grid.yaml says so)
 
 
 def test_the_pilot_cards_and_control_run_at_a_tiny_size(tiny_setup):
@@ -106,7 +107,8 @@ def test_the_grid_runs_and_its_verdicts_are_computed_at_a_tiny_size(tiny_setup):
                   log=lambda s: None)
     assert set(res["paradigms"]) == {"base", "single", "ensemble"}
     assert os.path.exists(os.path.join(out, "single", "seed1", "metrics.jsonl"))
-    assert not os.path.exists(os.path.join(out, "ensemble", "seed1"))  # the plan runs Ensemble once
+    assert os.path.exists(os.path.join(out, "ensemble", "seed1", "metrics.jsonl"))
+    assert not os.path.exists(os.path.join(out, "base", "seed1"))  # the plan, not --seeds, says which seeds run
     # paired: every simulator of the panel scored the very pitches the first one did
     with open(os.path.join(out, "single", "seed0", "eval", "step_000002", "eval_episodes.jsonl")) as f:
         eps = [json.loads(x) for x in f]
@@ -129,7 +131,7 @@ def test_the_grid_runs_and_its_verdicts_are_computed_at_a_tiny_size(tiny_setup):
                                     "diversity_falls_more", "sharp_collapses_faster", "exploit_ablation",
                                     "cures_vs_single"}
     assert len(v["signatures"]["unseen_below_base"]["seeds"]) == 2
-    assert [c["cure"] for c in v["signatures"]["cures_vs_single"]["comparisons"]] == ["ensemble"]
+    assert [(c["cure"], c["seeds"]) for c in v["signatures"]["cures_vs_single"]["comparisons"]] == [("ensemble", 2)]
     md = open(os.path.join(out, "verdicts.md")).read()
     assert md.count("held**") + md.count("**not decidable**") == 6
     assert v["signatures"]["sharp_collapses_faster"]["held"] is None  # no T0-sharp run in this grid
@@ -138,7 +140,8 @@ def test_the_grid_runs_and_its_verdicts_are_computed_at_a_tiny_size(tiny_setup):
     runs_md = open(os.path.join(out, "runs.md")).read()
     assert [ln for ln in runs_md.splitlines() if ln.startswith("## ")] == [
         "## Base, seed 0 (last evaluation: step 0)", "## RL (Single), seed 0 (last evaluation: step 2)",
-        "## RL (Single), seed 1 (last evaluation: step 2)", "## Ensemble, seed 0 (last evaluation: step 2)"]
+        "## RL (Single), seed 1 (last evaluation: step 2)", "## Ensemble, seed 0 (last evaluation: step 2)",
+        "## Ensemble, seed 1 (last evaluation: step 2)"]
     reps = json.load(open(os.path.join(out, "runs.json")))
     assert reps[0]["groups"]["P3/P4"]["diff"]["mean"] == 0 and reps[0]["groups"]["P3/P4"]["diff"]["se"] == 0
     assert reps[1]["groups"]["P3/P4"]["run"]["mean"] == pytest.approx(
@@ -153,7 +156,7 @@ def test_the_grid_runs_and_its_verdicts_are_computed_at_a_tiny_size(tiny_setup):
         first_line = f.readline()
     with open(os.path.join(partial, "metrics.jsonl"), "w") as f:
         f.write(first_line)
-    assert len(pitch_verdicts.run_reports(out)) == 4
+    assert len(pitch_verdicts.run_reports(out)) == 5
     v2 = pitch_verdicts.verdicts(out, CONFIGS, overrides=overrides, rescore=False, log=lambda s: None)
     assert [x["seed"] for x in v2["signatures"]["unseen_below_base"]["seeds"]] == [0, 1]
     shutil.rmtree(partial)
