@@ -420,7 +420,7 @@ def verdicts_markdown(res: dict[str, Any]) -> str:
     x = s["cures_vs_single"]
     lines.append(f"7. {x['rule']}: " + ("; ".join(
         f"{c['cure']} {c['diff']:+.3f} [{c['lo']:+.3f}, {c['hi']:+.3f}], p {_f(c['p'])}, Holm {_f(c['p_holm'])}"
-        f"{' (supported)' if c['supported'] else ' (below RL (Single): it does not help)' if c.get('worse') else ''}"
+        f"{' (supported)' if c['supported'] else ' (below RL (Single): it does not help)' if c['worse'] else ''}"
         f" ({c['seeds']} seed(s) against {x['seeds_single']} of RL (Single))"
         for c in x["comparisons"]) or "no cure run yet") + "." + (f" ({x['note']}.)" if x["comparisons"] else ""))
     return "\n".join(lines) + "\n"
