@@ -7,7 +7,7 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
 PHONY_PITCH := p4g-pitch-sims p4g-pitch-pilot p4g-pitch-control p4g-pitch
-.PHONY: $(PHONY_PITCH) install demo demo-p4g lab lab-quick test lint test-lab test-dist test-soak test-scale test-browser test-study-pg test-core browser-env scale-env gpu-check bench peers-env bench-peers koth-skills koth-tournament clean
+.PHONY: $(PHONY_PITCH) install demo demo-p4g lab lab-quick test test-recipes lint test-lab test-dist test-soak test-scale test-browser test-study-pg test-core browser-env scale-env gpu-check bench peers-env bench-peers koth-skills koth-tournament clean
 
 install: $(STAMP)
 
@@ -29,32 +29,31 @@ demo: lab-quick demo-p4g
 demo-p4g: install
 	$(VENV)/bin/scope train --config configs/demo.yaml --set run.dir=runs/demo-$$(date +%Y%m%d-%H%M%S)
 
+LAB := recipes/collapse_lab/configs
 lab-quick: install
-	$(VENV)/bin/scope lab --quick --out runs/lab-quick
+	$(VENV)/bin/scope grid --configs $(LAB) --quick --out runs/lab-quick
 
 lab: install
-	$(VENV)/bin/scope lab --out runs/lab
+	$(VENV)/bin/scope grid --configs $(LAB) --out runs/lab
 
-# P4G-pitch (docs/p4g_pitch/README.md): the four simulators fitted to disjoint quarters of the train persuadees
-# (about 10 minutes each here; the committed fits in docs/p4g_pitch/records/sims are restored first, and a fit
-# that finds its own data-and-options hash there does not run again), the pilot and fidelity cards, the positive control, then the grid (resumable).
+# P4G-pitch (recipes/p4g_pitch): the four simulators fitted to disjoint quarters of the train persuadees (the
+# committed fits in recipes/p4g_pitch/records/sims are restored; one with no record is fitted, about 10 minutes
+# here), the pilot and fidelity cards, the positive control, then the grid (resumable) and its verdicts.
 P4G_DATA ?= ../shared/data/p4g
+PITCH := recipes/p4g_pitch
 p4g-pitch-sims: install
-	for k in 1 2 3 4; do if [ ! -d runs/p4g-pitch/sims/p$$k ] && [ -d docs/p4g_pitch/records/sims/p$$k ]; then \
-		mkdir -p runs/p4g-pitch/sims && cp -r docs/p4g_pitch/records/sims/p$$k runs/p4g-pitch/sims/; fi; \
-		$(VENV)/bin/scope sim fit --data-dir $(P4G_DATA) --shard $$k/4 --form pitch --decisions \
-		--max-tokens 512 --out runs/p4g-pitch/sims/p$$k --no-progress || exit 1; done
+	$(PY) -m recipes.p4g_pitch sims --data-dir $(P4G_DATA)
 
 p4g-pitch-pilot: p4g-pitch-sims
-	$(VENV)/bin/scope pitch pilot
-	$(VENV)/bin/scope pitch cards
+	$(PY) -m recipes.p4g_pitch pilot
+	$(PY) -m recipes.p4g_pitch cards
 
 p4g-pitch-control: p4g-pitch-sims
-	$(VENV)/bin/scope pitch control
+	$(PY) -m recipes.p4g_pitch control
 
 p4g-pitch: p4g-pitch-sims
-	$(VENV)/bin/scope lab --configs configs/p4g_pitch --out runs/p4g-pitch/grid --records docs/p4g_pitch/records
-	$(VENV)/bin/scope pitch verdicts --grid runs/p4g-pitch/grid
+	$(VENV)/bin/scope grid --configs $(PITCH)/configs --out runs/p4g-pitch/grid --records $(PITCH)/records
+	$(PY) -m recipes.p4g_pitch verdicts --grid runs/p4g-pitch/grid
 
 # King of the Hill: retrain the PPO skills and the flat team into the cache (the package ships a trained set),
 # then the tournament of the README (bt, flat, random and the embedded SmolLM2 as the controller).
@@ -67,16 +66,21 @@ koth-tournament: install
 test: install
 	$(PY) -m pytest -q
 
+# The recipes' own tests (recipes/*/tests: each experiment's environment, configs, panels and analysis on tiny
+# models); the collapse lab's quick grid among them runs in test-lab.
+test-recipes: install
+	$(PY) -m pytest -q recipes
+
 # The linters on the whole package: ruff (tests, tools and benchmarks too) and mypy (settings in pyproject.toml).
 lint: install
 	$(PY) -m pip install -q -e '.[lint]'
-	$(VENV)/bin/ruff check scope tests tools benchmarks
+	$(VENV)/bin/ruff check scope tests tools benchmarks recipes
 	$(VENV)/bin/mypy scope
 	$(PY) -m scope.configdoc --check
 
-# The lab end to end (builds its models, runs `scope lab --quick`, checks the collapse signatures).
+# The lab end to end (builds its models, runs its quick grid, checks the collapse signatures).
 test-lab: install
-	SCOPE_LAB_TESTS=1 $(PY) -m pytest -q tests/lab
+	SCOPE_LAB_TESTS=1 $(PY) -m pytest -q recipes/collapse_lab/tests/test_quick_grid.py
 
 # The learner on torch.distributed: 2 processes on gloo (FileStore, loopback), 1 vs 2 ranks, co-training on
 # disjoint ranks, resume across world sizes, a killed rank.

@@ -72,7 +72,7 @@ class ModelConfig(Strict):
     kv_budget_tokens: int = Field(default=200_000, ge=0)
     """Tokens of per-dialogue key/value cache kept between turns (0 turns reuse off)."""
     options: dict[str, Any] = {}
-    """Options of a model that scope builds itself (``path: lab:...``, see scope/lab.py)."""
+    """Options of a model that a registered builder makes (``path: <prefix>:<name>``, ``scope.models``)."""
     adapter: str | None = None
     """A LoRA adapter directory (PEFT format) played on top of ``path`` by the frozen roles that use this
     entry, e.g. the P4G simulator of ``scope sim fit`` (``runs/sim-p4g/adapter``). Entries with the same
@@ -244,7 +244,7 @@ class TasksConfig(Strict):
 
 class EnvConfig(Strict):
     name: str = "p4g"
-    """The environment: p4g, p4g_pitch, tau2_retail, tau2_airline, coop_coding, lab, koth, or a registered one."""
+    """The environment: p4g, tau2_retail, tau2_airline, coop_coding, koth, or one a plugin registers."""
     train_split: str = "train"
     """The task split training draws from."""
     eval_split: str = "test"
@@ -284,8 +284,9 @@ class RayConfig(Strict):
 
 
 class TrainConfig(Strict):
-    steps: int = Field(default=250, ge=1)
-    """Training steps (each: rollouts, then one update per trainable role)."""
+    steps: int = Field(default=250, ge=0)
+    """Training steps (each: rollouts, then one update per trainable role). ``0``: no training: the policy as
+    built is evaluated on ``eval.panel`` once, as step 0 (a grid's untrained arm), and the run ends."""
     lr: float = Field(default=1e-6, gt=0)
     """AdamW learning rate (constant)."""
     betas: tuple[float, float] = (0.9, 0.98)
@@ -342,7 +343,7 @@ class DiagnosticsConfig(Strict):
     probe_every: int = Field(default=10, ge=0)
     """Every this many steps (and at step 1; 0: never), the partner's behaviour modal mass at a fixed set of
     probe states (saved at step 1: the untrained agent's first turns), so that it measures the partner, not
-    where the agent's rollouts happen to go (environments with a behaviour classifier: p4g, lab)."""
+    where the agent's rollouts happen to go (environments with a behaviour classifier, e.g. p4g)."""
     probe_states: int = Field(default=8, ge=1)
     """Fixed probe states the partner's modal mass is measured at."""
     probe_samples: int = Field(default=8, ge=2)
@@ -364,6 +365,10 @@ class RunConfig(Strict):
     """torch threads (None: torch's default); the numbers of a run depend on it."""
     progress: bool = True
     """A progress line per step."""
+    plugins: list[str] = []
+    """Modules (``package.module``) imported before the rest of the config is checked, for what they register:
+    an environment, a model builder, a persona pool (``scope.registry``), e.g. ``[recipes.collapse_lab]``. A
+    module not found among the installed packages is looked for from the current directory too."""
     report_to: list[str] = ["tensorboard"]
     """Where the metrics go besides RUN_DIR/metrics.jsonl (always written), as TRL's ``report_to``: any of
     ``tensorboard``, ``wandb``, ``mlflow`` (scope.trackers; ``[]``: the JSONL file only). Each gets the config,
@@ -436,6 +441,8 @@ class Config(Strict):
                                  f"{self.models[rc.model].backend}")
             if rc.source == "pool" and self.models[rc.model].finetune != "lora":
                 raise ValueError(f"{role}: a pool holds LoRA adapters; models.{rc.model}.finetune must be lora")
+        if self.train.steps == 0 and not self.eval.panel:
+            raise ValueError("train.steps: 0 evaluates the policy as built on eval.panel, which is not set")
         if self.env.judge is not None and self.env.judge.model not in self.models:
             raise ValueError(f"env.judge.model: {self.env.judge.model!r} is not one of models "
                              f"({', '.join(self.models)})")
@@ -490,7 +497,7 @@ class ConfigError(ValueError):
     pass
 
 
-def _format(e: ValidationError) -> str:
+def format_validation_error(e: ValidationError) -> str:
     lines = []
     for err in e.errors():
         loc = ".".join(str(x) for x in err["loc"])
@@ -506,10 +513,21 @@ def _format(e: ValidationError) -> str:
 
 
 def parse_config(data: dict[str, Any] | None) -> Config:
+    from .registry import load_plugins
+
+    run = (data or {}).get("run")
+    plugins = run.get("plugins") if isinstance(run, dict) else None
+    if plugins is not None:
+        if not isinstance(plugins, list) or not all(isinstance(p, str) for p in plugins):
+            raise ConfigError("invalid config: run.plugins: a list of module paths (package.module)")
+        try:
+            load_plugins(plugins)
+        except ImportError as e:
+            raise ConfigError(f"invalid config: run.plugins: {e}") from None
     try:
         return Config.model_validate(data or {})
     except ValidationError as e:
-        raise ConfigError(_format(e)) from None
+        raise ConfigError(format_validation_error(e)) from None
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -519,11 +537,11 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def read_config_data(path: str, _seen: tuple[str, ...] = ()) -> dict[str, Any]:
-    """A config file as a dict. ``extends: OTHER.yaml`` (relative to this file) starts from that file's
-    values; mappings merge key by key, anything else in this file replaces the other's value."""
+def read_mapping(path: str, missing: str = "not found") -> dict[str, Any]:
+    """A YAML file whose top level is a mapping; a missing file (``missing`` says why it is needed), bad YAML or
+    another top level is a ``ConfigError`` that names the file."""
     if not os.path.exists(path):
-        raise ConfigError(f"config file {path} not found")
+        raise ConfigError(f"{path} {missing}")
     with open(path) as f:
         try:
             data = yaml.safe_load(f) or {}
@@ -531,6 +549,15 @@ def read_config_data(path: str, _seen: tuple[str, ...] = ()) -> dict[str, Any]:
             raise ConfigError(f"{path}: not valid YAML ({e})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping")
+    return data
+
+
+def read_config_data(path: str, _seen: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A config file as a dict. ``extends: OTHER.yaml`` (relative to this file) starts from that file's
+    values; mappings merge key by key, anything else in this file replaces the other's value."""
+    if not os.path.exists(path):
+        raise ConfigError(f"config file {path} not found")
+    data = read_mapping(path)
     parent = data.pop("extends", None)
     if parent is not None:
         ppath = os.path.normpath(os.path.join(os.path.dirname(path), str(parent)))

@@ -18,7 +18,7 @@ from typing import Any, Callable
 import yaml
 from pydantic import Field, ValidationError
 
-from .config import ConfigError, EnvConfig, ModelConfig, PartnerSpec, Strict, _format
+from .config import ConfigError, EnvConfig, ModelConfig, PartnerSpec, Strict, format_validation_error
 from .models.loading import adapter_dir, load_frozen_adapter  # noqa: F401 - callers' names
 from .diagnostics import behaviour_stats, classifier_of, group_similarity, variance_decomposition
 from .envs import get_env
@@ -41,8 +41,8 @@ class PanelEntry(PartnerSpec):
     directory (``adapter_config.json``), or a checkpoint directory, whose ``partner`` adapter is taken
     (its ``agent`` adapter when it has none, as in self-play runs)."""
     env_options: dict[str, Any] = {}
-    """Environment options for this partner's episodes, over the run's (e.g. the lab's ``twice`` customer
-    plays with ``max_turns: 3``); checked against the environment's declared options and types."""
+    """Environment options for this partner's episodes, over the run's (e.g. a customer that needs a third
+    turn plays with ``max_turns: 3``); checked against the environment's declared options and types."""
 
 
 class Panel(Strict):
@@ -77,7 +77,7 @@ def load_panel(path_or_data: str | dict) -> Panel:
     try:
         panel = Panel.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(_format(e).replace("invalid config", "invalid panel")) from None
+        raise ConfigError(format_validation_error(e).replace("invalid config", "invalid panel")) from None
     ids = [p.spec_id() for p in panel.partners]
     if len(set(ids)) != len(ids):
         raise ConfigError(f"invalid panel: partner ids repeat: {ids}")

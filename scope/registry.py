@@ -7,7 +7,9 @@ have one :class:`Registry`. An entry arrives one of three ways, and all three ar
 - built in: ``"module:attribute"`` (or a bare ``"module"`` that registers its entries when imported),
   imported the first time the name is asked for, so that the registry itself imports nothing heavy;
 - installed by another package: an entry point ``name = "module:attribute"`` (or ``"module"``) in the
-  registry's entry-point group.
+  registry's entry-point group;
+- imported as a plugin: a module named in a config's ``run.plugins`` (:func:`load_plugins`) registers its
+  entries in code when it is imported (an experiment's ``recipes/<name>`` package).
 
 CONTRIBUTING.md has a recipe for each kind.
 """
@@ -25,6 +27,40 @@ def load_path(path: str) -> Any:
     module, _, attr = path.partition(":")
     mod = importlib.import_module(module)
     return getattr(mod, attr) if attr else mod
+
+
+def load_function(path: str, what: str, error: type[Exception] = ValueError) -> Callable[..., Any]:
+    """The function ``path`` (``module:function``) names; one that does not import, or is not a function, is an
+    ``error`` whose message names ``what`` and the path."""
+    try:
+        fn = load_path(path)
+    except (ImportError, AttributeError) as e:
+        raise error(f"{what} {path!r} cannot be loaded: {type(e).__name__}: {e}") from None
+    if not callable(fn):
+        raise error(f"{what} {path!r} is not a function")
+    return fn
+
+
+def load_plugins(paths: list[str]) -> None:
+    """Import each module (``package.module``) for what it registers (``run.plugins``). A module that is not found
+    among the installed packages is looked for from the current directory too, as ``python -m`` would (a
+    checkout's ``recipes/``); an ``ImportError`` names the plugin."""
+    import os
+    import sys
+
+    for path in paths:
+        try:
+            importlib.import_module(path)
+            continue
+        except ModuleNotFoundError as e:
+            top = path.split(".")[0]
+            if e.name != top and not (e.name or "").startswith(top + ".") or os.getcwd() in sys.path:
+                raise ImportError(f"plugin {path!r} cannot be imported: {e}") from e
+        sys.path.append(os.getcwd())
+        try:
+            importlib.import_module(path)
+        except ImportError as e:
+            raise ImportError(f"plugin {path!r} cannot be imported: {e}") from e
 
 
 class Registry(Generic[T]):

@@ -35,6 +35,21 @@ def window(xs: Sequence[float], end: bool = True) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
+def fmt(x: Any, nd: int = 3) -> str:
+    """A figure as the tables print it: ``nd`` decimals, ``n/a`` for a missing or NaN one."""
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{nd}f}"
+
+
+def mean_sd(xs: Sequence[float | None]) -> tuple[float, float]:
+    """The mean and the sample standard deviation (n - 1; 0 for one value) of the values that are there (None and
+    NaN left out); (nan, nan) for none. The spread between training seeds in every grid table."""
+    vals = [float(x) for x in xs if x is not None and not math.isnan(x)]
+    if not vals:
+        return float("nan"), float("nan")
+    m = sum(vals) / len(vals)
+    return m, (math.sqrt(sum((x - m) ** 2 for x in vals) / (len(vals) - 1)) if len(vals) > 1 else 0.0)
+
+
 def wilson(p: float, n: int, z: float = Z95) -> tuple[float, float]:
     """The Wilson score interval of a mean ``p`` in [0, 1] over ``n`` trials ((nan, nan) for n = 0)."""
     if n <= 0 or p is None or (isinstance(p, float) and math.isnan(p)):

@@ -153,8 +153,8 @@ def _train(cfg: Config, tasks: list[Task], resume: bool, on_step_end, log, confi
     log(f"training {list(learners)} on {len(tasks)} {cfg.env.name} tasks ({cfg.env.train_split}); "
         f"{cfg.rollout.n_tasks} tasks x G={cfg.rollout.group_size} per step; run dir {run.path}; "
         f"allocator {allocator()}")
-    if evaluator is not None and start == 0 and cfg.eval.at_start:
-        metrics_log.write(0, evaluator.run(0, log))
+    if evaluator is not None and start == 0 and (cfg.eval.at_start or cfg.train.steps == 0):
+        metrics_log.write(0, evaluator.run(0, log))  # (steps 0: the policy as built, evaluated once)
     t_loop = time.time()
     for step in range(start + 1, cfg.train.steps + 1):
         t0 = time.time()

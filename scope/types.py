@@ -131,8 +131,6 @@ END_REASONS: dict[str, str] = {
     "agent_stop": "tau2: the agent ended the dialogue (env.options.agent_stop)",
     "too_many_errors": "tau2: the agent's tool calls failed env.options.max_errors times",
     "submitted": "coop_coding: both players submitted",
-    "accepted": "lab: the customer accepted an offer",
-    "refused": "lab: the customer refused an offer",
     "game_over": "koth: the game ended",
     "replay_end": "a replayed role made its last recorded reply (Job.stop_after): the episode is not graded",
 }

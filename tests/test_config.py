@@ -116,7 +116,7 @@ def test_cli_reports_bad_key(tmp_path):
 
 @pytest.mark.parametrize("env,option,value", [
     ("p4g", "max_turns", "abc"), ("tau2_retail", "max_steps", "ten"), ("tau2_airline", "agent_stop", "maybe"),
-    ("coop_coding", "workspace_mb", "1.5"), ("lab", "discount", "high")])
+    ("coop_coding", "workspace_mb", "1.5")])
 def test_a_wrong_typed_env_option_is_one_error_line_before_anything_is_written(tmp_path, env, option, value):
     """Environment options are checked against their declared types at start-up: exit 2, one line naming
     the key, and no run directory (not a TypeError three steps into the run)."""

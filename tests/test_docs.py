@@ -12,7 +12,8 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOCS = [os.path.join(ROOT, "README.md"), os.path.join(ROOT, "CONTRIBUTING.md")] + \
-    sorted(glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True))
+    sorted(glob.glob(os.path.join(ROOT, "docs", "**", "*.md"), recursive=True)) + \
+    sorted(glob.glob(os.path.join(ROOT, "recipes", "**", "*.md"), recursive=True))
 SCOPE = [sys.executable, "-m", "scope.cli"]
 
 
@@ -68,7 +69,7 @@ def scope_commands() -> list[tuple[str, ...]]:
 def named_configs() -> list[str]:
     found = set()
     for path in DOCS:
-        found.update(re.findall(r"\bconfigs/[\w/.-]+\.yaml\b", open(path).read()))
+        found.update(re.findall(r"(?<![\w/])(?:recipes/\w+/)?configs/[\w/.-]+\.yaml\b", open(path).read()))
     return sorted(found)
 
 
@@ -100,13 +101,25 @@ def test_every_config_the_docs_name_loads(path):
         from scope.personas.config import load_search_config
 
         load_search_config(full)
-    elif path.endswith("/grid.yaml"):  # a lab grid's run order
-        from scope.lab.runner import available, read_plan
+    elif path.endswith("/grid.yaml"):  # a grid's arms, hooks and run order
+        from scope.grid.spec import hook, read_spec
 
-        assert read_plan(os.path.dirname(full), available(os.path.dirname(full)))
+        spec = read_spec(os.path.dirname(full))
+        assert spec.plan() and all(hook(h) for h in [*spec.hooks.before.values(), *spec.hooks.sections])
     else:
         r = subprocess.run(SCOPE + ["check-config", full], capture_output=True, text=True, cwd=ROOT, timeout=120)
         assert r.returncode == 0, f"{path}: {r.stderr[-500:]}"
+
+
+def test_every_recipe_command_in_the_docs_answers_help():
+    """`python -m recipes.<name> <command>` lines (a recipe's own entry point) exist as shown."""
+    shown = sorted({tuple(argv[2:4]) for _, argv in commands() if len(argv) > 3 and argv[0].endswith("python")
+                    and argv[1] == "-m" and argv[2].startswith("recipes.")})
+    assert ("recipes.collapse_lab", "sweep") in shown
+    for mod, cmd in shown:
+        r = subprocess.run([sys.executable, "-m", mod, cmd, "--help"], capture_output=True, text=True, cwd=ROOT,
+                           timeout=120)
+        assert r.returncode == 0, f"python -m {mod} {cmd} --help: {r.stderr[-500:]}"
 
 
 def test_every_make_target_in_the_docs_exists():

@@ -286,19 +286,19 @@ def test_a_panel_plays_every_task_of_the_split_by_default():
     from scope.partners.sources import Binding
     from scope.types import SamplingParams
 
-    lab = EnvConfig(name="lab")
+    env = EnvConfig(name="p4g")
     panel = Panel(partners=[{"id": "a", "seen": True, "model": "m"}, {"id": "b", "seen": False, "model": "m"}],
                   repeats=2)
     agent = Binding("agent", object(), SamplingParams())
-    jobs, owner = panel_jobs(agent, panel, {"m": object()}, lab, "test", seed=0)
-    tasks = sorted(t.id for t in get_env("lab").load_tasks("test"))
+    jobs, owner = panel_jobs(agent, panel, {"m": object()}, env, "test", seed=0)
+    tasks = sorted(t.id for t in get_env("p4g").load_tasks("test"))
     for pid in ("a", "b"):
         mine = [j.episode.task_id for j, p in zip(jobs, owner) if p.spec_id() == pid]
         assert sorted(mine) == sorted(tasks * 2)  # every test task, repeats times
-    again, _ = panel_jobs(agent, panel, {"m": object()}, lab, "test", seed=0)
+    again, _ = panel_jobs(agent, panel, {"m": object()}, env, "test", seed=0)
     assert [j.env.rng.random() for j in again] == [j.env.rng.random() for j in panel_jobs(
-        agent, panel, {"m": object()}, lab, "test", seed=0)[0]]  # the same environment seeds each time
-    capped, _ = panel_jobs(agent, Panel(partners=panel.partners, episodes=3), {"m": object()}, lab, "test", 0)
+        agent, panel, {"m": object()}, env, "test", seed=0)[0]]  # the same environment seeds each time
+    capped, _ = panel_jobs(agent, Panel(partners=panel.partners, episodes=3), {"m": object()}, env, "test", 0)
     assert len(capped) == 6
 
 

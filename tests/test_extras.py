@@ -29,7 +29,7 @@ def test_the_core_install_trains_and_runs_the_lab_command(tmp_path):
              "--set", "eval.panel=null", "--set", f"run.dir={tmp_path / 'run'}")
     assert r.returncode == 0, r.stderr[-2000:]
     assert os.path.exists(tmp_path / "run" / "metrics.jsonl")
-    assert core("lab", "--help").returncode == 0
+    assert core("grid", "--help").returncode == 0
 
 
 @pytest.mark.parametrize("argv,extra", [

@@ -126,3 +126,41 @@ def test_no_function_is_over_a_hundred_lines():
         for name, n in long_functions(open(p).read()).items():
             long[f"{os.path.relpath(p, ROOT)}:{name}"] = n
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines (give their steps names of their own): {long}"
+
+
+def test_the_core_imports_no_recipe_and_names_no_experiment():
+    """scope/ is the library: no module of it imports ``recipes`` (an experiment plugs in by import path, never
+    the reverse), and none names an experiment (its paradigms, signatures or narration live in its recipe)."""
+    import re
+
+    importing, naming = [], []
+    for name, path in modules().items():
+        source = open(path).read()
+        for node in ast.walk(ast.parse(source)):
+            targets = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            importing += [f"{name}: {t}" for t in targets if t == "recipes" or t.startswith("recipes.")]
+        if re.search(r"pitch|p4g_mini|p4g-mini|collapse lab|signature [0-9]", source, re.IGNORECASE):
+            naming.append(name)
+    assert not importing, f"scope imports recipes: {importing}"
+    assert not naming, f"scope modules that name an experiment: {naming}"
+
+
+def test_the_grid_package_names_no_arm():
+    """scope/grid/ is generic: no string in it is the name of an arm of any recipe's grid (an arm is special
+    only through its recipe's grid.yaml and hooks)."""
+    import glob
+
+    import yaml
+
+    arms = {"base", "single", "ensemble", "persona", "vs", "cotrain", "population"}
+    for path in glob.glob(os.path.join(ROOT, "recipes", "*", "configs", "grid.yaml")):
+        arms |= set(yaml.safe_load(open(path))["arms"])
+    found = []
+    for name, path in modules().items():
+        if not name.startswith("scope.grid"):
+            continue
+        for node in ast.walk(ast.parse(open(path).read())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in arms:
+                found.append(f"{name}:{node.lineno}: {node.value!r}")
+    assert not found, f"arm names in scope/grid: {found}"

@@ -3,8 +3,8 @@ import random
 
 import pytest
 
-from scope.envs.p4g import (FIELDS, PersuasionForGood, load_builtin_personas, load_csv_personas, parse_donation,
-                            persona_text, split_personas)
+from scope.data.p4g import FIELDS, load_builtin_personas, load_csv_personas, persona_text, split_personas
+from scope.envs.p4g import PersuasionForGood, parse_donation
 from scope.types import Task
 
 from conftest import shared_path

@@ -13,16 +13,15 @@ import pytest
 from scope.config import load_config
 from scope.eval import load_panel
 from scope.panels import same_weights, sharing, shares_text, training_simulators, weights_of
-from scope.partners.sources import load_personas
+from scope.partners.sources import PERSONA_POOLS, load_personas
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def shipped_training_configs():
     paths = [f for f in glob.glob(os.path.join(ROOT, "configs", "*.yaml"))]
-    for sub in ("lab", "p4g_mini", "p4g_pitch"):
-        paths += [f for f in glob.glob(os.path.join(ROOT, "configs", sub, "*.yaml"))
-                  if os.path.basename(f) not in ("panel.yaml", "grid.yaml")]
+    paths += [f for f in glob.glob(os.path.join(ROOT, "recipes", "*", "configs", "*.yaml"))  # every recipe's too
+              if os.path.basename(f) not in ("panel.yaml", "grid.yaml")]
     out = []
     for f in sorted(paths):
         cfg = load_config(f)
@@ -41,7 +40,8 @@ def panels_by_env():
     out = {}
     for path, (env, models) in panels.items():
         sources = [s for f, cfg in cfgs if cfg.env.name == env for s in training_simulators(cfg)]
-        if env != "lab":  # the builtin persona pool is a persona paradigm's pool in every dialogue environment
+        if env not in PERSONA_POOLS.names():  # an environment without a pool of its own: the builtin pool is a
+            # persona paradigm's pool there
             from scope.panels import Simulator
 
             sources.append(Simulator((None,), "plain", None, [x["text"] for x in load_personas("builtin")]))
@@ -65,7 +65,7 @@ def documented_same_weights() -> dict[str, set[str]]:
     """docs/evaluation.md's table: panel file -> the unseen members it says run on training weights."""
     text = open(os.path.join(ROOT, "docs", "evaluation.md")).read()
     out = {}
-    for m in re.finditer(r"^\| `(configs/[^`]+)` \| ([^|]*) \|", text, re.MULTILINE):
+    for m in re.finditer(r"^\| `((?:recipes/\w+/)?configs/[^`]+)` \| ([^|]*) \|", text, re.MULTILINE):
         out[os.path.normpath(os.path.join(ROOT, m.group(1)))] = set(re.findall(r"`([^`]+)`", m.group(2)))
     return out
 
@@ -88,11 +88,6 @@ def test_unseen_panel_members_share_what_the_docs_say_and_nothing_else(panel_pat
         for s in sources:
             assert not (w == s.weights and p.note == s.note and not p.personas), \
                 f"{p.id}: the same model and prompt as a training simulator (only sampling differs)"
-        if env == "lab":  # the lab's simulators differ in the behaviour they reward, not only in style
-            spec = models[p.model]
-            trained = {dict(s.weights[1]).get("temperament") for s in sources if s.weights[0] == "lab:customer"}
-            assert (spec.options or {}).get("temperament") not in trained, \
-                f"{p.id}: temperament {(spec.options or {}).get('temperament')} is a training simulator's"
     docs = documented_same_weights()
     assert panel_path in docs, f"docs/evaluation.md has no row for {os.path.relpath(panel_path, ROOT)}"
     assert same_weights(panel, models, sources) == docs[panel_path], \

@@ -53,10 +53,13 @@ def test_every_kind_of_extension_is_a_registry():
 
     regs = [ENVS, MODEL_BUILDERS, PERSONA_POOLS, PARTNER_REWARDS, PARTNER_SOURCES, CLASSIFIERS]
     assert all(isinstance(r, Registry) for r in regs)
-    assert {"p4g", "lab", "koth"} <= set(ENVS.names()) and "lab" in MODEL_BUILDERS.names()
+    assert {"p4g", "koth"} <= set(ENVS.names())
+    # an experiment's entries are its recipe's, registered when its plugin is imported: none is built in
+    assert set(ENVS.builtin) == {"p4g", "tau2_retail", "tau2_airline", "coop_coding", "koth"}
+    assert not MODEL_BUILDERS.builtin and not PERSONA_POOLS.builtin
     assert {"single", "rotation", "persona", "pool"} <= set(PARTNER_SOURCES.names())
     assert {"env", "cooperative", "adversarial", "curriculum"} <= set(PARTNER_REWARDS.names())
-    assert "lab" in PERSONA_POOLS.names() and CLASSIFIERS.get("p4g")("[DONATE $1]") == "donate"
+    assert CLASSIFIERS.get("p4g")("[DONATE $1]") == "donate" and "builtin" not in PERSONA_POOLS.names()
 
 
 def test_a_registered_partner_source_is_a_config_choice(tmp_path):

@@ -8,6 +8,7 @@ import torch
 
 from conftest import shared_path
 from scope.models.local import load_tokenizer
+from scope.data.p4g import persona_text
 from scope.sim.fit import FitConfig, encode_dialogue, examples, fit, perplexity
 
 
@@ -18,14 +19,17 @@ def p4g():
 
 def test_the_split_is_the_environments_and_the_marker_is_the_actual_gift(p4g):
     from scope.envs import get_env
-    from scope.sim.data import load_dialogues
+    from scope.data.p4g import load_dialogues
 
     train, test = load_dialogues(p4g, "train"), load_dialogues(p4g, "test")
     assert not {d.user_id for d in train} & {d.user_id for d in test}
     env_test = get_env("p4g").load_tasks("test", personas="real", data_dir=p4g)
     assert {d.user_id for d in test} == {t.data["user_id"] for t in env_test}
     d = next(x for x in train if x.donation and x.donation > 0)
-    view = d.partner_view()
+    from scope.envs.p4g import PARTNER_PROMPT, fit_views
+
+    [view] = fit_views(d)  # the default examples: the P4G environment's persuadee view, the persona in its prompt
+    assert view[0]["content"] == PARTNER_PROMPT.format(persona=persona_text(d.persona))
     assert [m["role"] for m in view[:3]] == ["system", "user", "assistant"]
     assert view[-1]["role"] == "assistant" and view[-1]["content"].endswith(f"[DONATE ${d.donation:g}]")
     from scope.envs.p4g import parse_donation
@@ -34,11 +38,11 @@ def test_the_split_is_the_environments_and_the_marker_is_the_actual_gift(p4g):
 
 
 def test_the_loss_falls_on_the_persuadees_tokens_only(p4g):
-    from scope.sim.data import load_dialogues
+    from scope.data.p4g import load_dialogues
 
     tok = load_tokenizer("tiny-random")
     d = load_dialogues(p4g, "train")[0]
-    view = d.partner_view()[:5]  # system, two exchanges
+    view = d.partner_view("You are a persuadee.")[:5]  # system, two exchanges
     ids, mask = encode_dialogue(tok, view)
     assert ids == tok(tok.apply_chat_template(view, tokenize=False), add_special_tokens=False)["input_ids"]
     said = tok.decode([t for t, m in zip(ids, mask) if m])
@@ -55,7 +59,7 @@ def test_a_small_fit_lowers_held_out_perplexity_and_is_cached(p4g, tmp_path):
     from scope.models.local import load_backend
     from scope.models.loading import load_frozen_adapter
     from scope.models.backend import ModelRef
-    from scope.sim.data import load_dialogues
+    from scope.data.p4g import load_dialogues
 
     cfg = small_cfg(p4g, tmp_path / "fit")
     meta = fit(cfg, log=lambda s: None, progress=False)
@@ -120,3 +124,27 @@ def test_a_models_entry_with_an_adapter_plays_it_on_the_shared_base(p4g, tmp_pat
     assert b.ref.adapter == "frozen_people" and b.ref.backend is trainable["agent"].backend
     assert set(b.ref.backend.adapter_names()) == {"agent", "frozen_people"}
     assert not any(p.requires_grad for n, p in b.ref.backend.model.named_parameters() if ".frozen_people." in n)
+
+
+def shouted(d):
+    """A views function of this test (``--examples tests.test_sim:shouted`` style): one view, its own prompt."""
+    return [d.partner_view("YOU ARE A PERSUADEE.", marker=False)]
+
+
+def test_the_fit_examples_come_from_an_import_path(p4g, tmp_path):
+    """``examples`` names the function that turns each real dialogue into the views to fit on: another prompt
+    reaches the examples, and a path that does not load is a one-line error before any model is loaded."""
+    from scope.data.p4g import load_dialogues
+    from scope.sim.fit import load_views
+
+    tok = load_tokenizer("tiny-random")
+    ds = load_dialogues(p4g, "train")[:3]
+    mine = examples(tok, ds, 768, load_views("test_sim:shouted"))
+    default = examples(tok, ds, 768)
+    assert mine and default and mine != default
+    assert all("YOU ARE A PERSUADEE." in tok.decode(ids) and "[DONATE" not in tok.decode(ids) for ids, _ in mine)
+    with pytest.raises(ValueError, match="examples 'nowhere.at_all:views' cannot be loaded"):
+        fit(small_cfg(p4g, tmp_path / "bad", examples="nowhere.at_all:views"), log=lambda s: None, progress=False)
+    assert not (tmp_path / "bad").exists()
+    with pytest.raises(ValueError, match="is not a function"):
+        load_views("scope.envs.p4g:PARTNER_PROMPT")

@@ -144,8 +144,8 @@ def test_bad_files_and_environments_are_named(tmp_path):
     (tmp_path / "t.csv").write_text("id,bio\n")
     with pytest.raises(ValueError, match=r"t.csv: not a .jsonl, .json or .parquet file"):
         load_tasks(env_with(str(tmp_path / "t.csv")), "all")
-    with pytest.raises(ValueError, match="'lab' does not read its tasks from a file"):
-        load_tasks(EnvConfig(name="lab", tasks={"path": write_jsonl(tmp_path / "m.jsonl", MINE)}), "all")
+    with pytest.raises(ValueError, match="'coop_coding' does not read its tasks from a file"):
+        load_tasks(EnvConfig(name="coop_coding", tasks={"path": write_jsonl(tmp_path / "m.jsonl", MINE)}), "all")
     bad_tool = {**TAU2_TASK, "evaluation_criteria": {"actions": [{"name": "launch_rocket", "arguments": {}}]}}
     with pytest.raises(ValueError, match="line 1: evaluation_criteria.actions: 'launch_rocket' is not a retail tool"):
         load_tasks(EnvConfig(name="tau2_retail", tasks={"path": write_jsonl(tmp_path / "t.jsonl", [bad_tool])}), "all")

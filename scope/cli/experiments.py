@@ -1,4 +1,4 @@
-"""The experiments' commands: ``lab`` (the collapse lab and its sweeps), ``pitch`` (P4G-pitch), ``sim``
+"""The commands of experiments and their tools: ``grid`` (an experiment's arms x seeds, ``scope.grid``), ``sim``
 (simulators fitted to people) and ``personas`` (evolved persona generators)."""
 from __future__ import annotations
 
@@ -8,46 +8,37 @@ import os
 from .common import FILES, UsageError, add_set, log
 
 
-
 def add_parsers(sub: argparse._SubParsersAction) -> None:
-    for add in (add_lab, add_sim, add_pitch, add_personas):
+    for add in (add_grid, add_sim, add_personas):
         add(sub)
 
 
-def add_lab(sub: argparse._SubParsersAction) -> None:
-    lb = sub.add_parser("lab", help="the collapse lab: every paradigm x seeds, a held-out table and curves")
-    lb.add_argument("--quick", action="store_true", help="one seed, half the steps (about 4 minutes here once the "
-                    "lab's models are built; building them takes about 9 minutes, once)")
-    lb.add_argument("--out", help="output directory (default runs/lab, or runs/lab-quick)")
-    lb.add_argument("--seeds", type=int, default=3)
-    lb.add_argument("--paradigms", help="comma-separated subset of base,single,ensemble,persona,persona_evolved,"
-                    "vs,cotrain,population (default: those with a config in --configs)")
-    lb.add_argument("--configs", default="configs/lab", help="the directory of the lab's configs")
-    add_set(lb, "override a key in every run, e.g. --set models.collapsed.options.collapse=0.8")
-    lb.add_argument("--records", metavar="DIR", help="a directory of committed run records: those missing from "
-                    "--out are restored first and count as done, and each run finished here is packed into it "
-                    "(OUT/<paradigm>/seed<k> without its weights, one reproducible .tar.gz per run)")
-    lb.add_argument("--sweep", metavar="KEY=V1,V2,...", help="run the grid once per value of one knob and tabulate "
-                    "where each cure stops working, e.g. --sweep models.collapsed.options.vs_fidelity=0,0.5,1 "
-                    "--paradigms single,vs --seeds 1 (output runs/lab-sweep/<knob>/)")
-    lb.set_defaults(fn=lab, user_errors=(ValueError,))
+def add_grid(sub: argparse._SubParsersAction) -> None:
+    g = sub.add_parser("grid", help="an experiment's arms x seeds (grid.yaml), a held-out table and curves")
+    g.add_argument("--configs", required=True, metavar="DIR", help="the experiment's config directory, with its "
+                   "grid.yaml (e.g. recipes/collapse_lab/configs)")
+    g.add_argument("--quick", action="store_true", help="what grid.yaml's `quick` says (e.g. one seed, half the steps)")
+    g.add_argument("--out", help="output directory (default runs/<experiment>, or runs/<experiment>-quick)")
+    g.add_argument("--seeds", type=int, help="seeds per arm (default: grid.yaml's)")
+    g.add_argument("--arms", help="comma-separated subset of the grid's arms (default: every arm, or grid.yaml's runs)")
+    add_set(g, "override a key in every run, e.g. --set models.collapsed.options.collapse=0.8")
+    g.add_argument("--records", metavar="DIR", help="a directory of committed run records: those missing from "
+                   "--out are restored first and count as done, and each run finished here is packed into it "
+                   "(OUT/<arm>/seed<k> without its weights, one reproducible .tar.gz per run)")
+    g.set_defaults(fn=grid, user_errors=(ValueError,))
 
 
-def lab(args: argparse.Namespace) -> int:
-    from ..lab.runner import run_lab, table
+def grid(args: argparse.Namespace) -> int:
+    from ..grid.runner import run_grid
+    from ..grid.table import table
 
-    paradigms = tuple(args.paradigms.split(",")) if args.paradigms else None
-    if args.sweep:
-        from ..lab.sweep import parse_sweep, run_sweep, sweep_table
-
-        key, values = parse_sweep(args.sweep)
-        res = run_sweep(args.out or f"runs/lab-sweep/{key.split('.')[-1]}", key, values, paradigms,
-                        seeds=args.seeds, overrides=args.set, quick=args.quick, configs=args.configs, log=log)
-        print(sweep_table(res))
-        return 0
-    out = args.out or ("runs/lab-quick" if args.quick else "runs/lab")
-    print(table(run_lab(out, configs=args.configs, paradigms=paradigms, seeds=args.seeds, overrides=args.set,
-                        quick=args.quick, log=log, records=args.records)))
+    name = os.path.basename(os.path.normpath(args.configs))
+    if name == "configs":  # recipes/<name>/configs
+        name = os.path.basename(os.path.dirname(os.path.normpath(args.configs)))
+    out = args.out or os.path.join("runs", name + ("-quick" if args.quick else ""))
+    res = run_grid(args.configs, out, arms=tuple(args.arms.split(",")) if args.arms else None, seeds=args.seeds,
+                   overrides=args.set, quick=args.quick, log=log, records=args.records)
+    print(table(res, res["labels"]))
     return 0
 
 
@@ -64,10 +55,9 @@ def add_sim(sub: argparse._SubParsersAction) -> None:
     sf.add_argument("--max-dialogues", type=int, help="fit on the first N train dialogues only")
     sf.add_argument("--shard", help="k/n: the k-th of n disjoint random parts of the train persuadees only")
     sf.add_argument("--shard-seed", type=int, help="the seed of the parts (default 0)")
-    sf.add_argument("--form", choices=["p4g", "pitch"], help="the persuadee's system prompt: P4G's full persona "
-                    "(default) or P4G-pitch's short one")
-    sf.add_argument("--decisions", action="store_true", help="add a forced-decision example per dialogue with the "
-                    "participant's actual donation (P4G-pitch's format)")
+    sf.add_argument("--examples", metavar="MODULE:FUNCTION", help="what each real dialogue is fitted as: a function "
+                    "of a scope.data.p4g.HumanDialogue returning chat views (default scope.envs.p4g:fit_views, the "
+                    "P4G environment's persuadee view; an experiment supplies its own)")
     sf.add_argument("--max-tokens", type=int, help="tokens per example window (default 1024)")
     sf.add_argument("--seed", type=int)
     sf.add_argument("--quick", action="store_true", help="a few steps on 8 dialogues (a smoke run)")
@@ -93,8 +83,7 @@ def sim_fit(args: argparse.Namespace) -> int:
     opts = {k: v for k, v in (("model", args.model), ("data_dir", args.data_dir), ("out", args.out),
                               ("epochs", args.epochs), ("lr", args.lr), ("max_dialogues", args.max_dialogues),
                               ("seed", args.seed), ("shard", args.shard), ("shard_seed", args.shard_seed),
-                              ("form", args.form), ("max_tokens", args.max_tokens),
-                              ("decisions", args.decisions or None)) if v is not None}
+                              ("examples", args.examples), ("max_tokens", args.max_tokens)) if v is not None}
     if args.quick:  # a few steps on a few dialogues: keeps the command working in the test suite
         opts = {"max_dialogues": 8, "epochs": 1.0, "max_tokens": 768, "batch_tokens": 768, **opts}
     fit(FitConfig(**opts), log=log, progress=not args.no_progress)
@@ -108,52 +97,6 @@ def sim_measure(args: argparse.Namespace) -> int:
                 ppl_dialogues=args.ppl_dialogues, persona_config=args.persona_config, seed=args.seed or 0, log=log)
     print(f"wrote {write(m, args.out or os.path.join(os.path.dirname(os.path.normpath(args.adapter)), 'measure'))}")
     print(table(m))
-    return 0
-
-
-def add_pitch(sub: argparse._SubParsersAction) -> None:
-    pi = sub.add_parser("pitch", help="P4G-pitch: the pilot, the simulators' fidelity cards, the positive control "
-                        "and the verdicts of the pre-registered signatures (docs/p4g_pitch/README.md)")
-    ps = pi.add_subparsers(dest="pitch_cmd", required=True)
-    for name, text in (("pilot", "score sampled and written pitches under every simulator; the go/no-go"),
-                       ("cards", "each simulator's perplexity of held-out people and W1 to their donations"),
-                       ("control", "a few steps with reward = the pitch mentions children, per learning rate"),
-                       ("verdicts", "the pre-registered signatures, held or not, from a finished grid")):
-        sp_ = ps.add_parser(name, help=text)
-        sp_.add_argument("--configs", default="configs/p4g_pitch", help="the experiment's config directory")
-        add_set(sp_, "override a value of every config (repeatable)")
-        if name != "verdicts":
-            sp_.add_argument("--out", help="output directory (default runs/p4g-pitch/<command>)")
-    ps.choices["pilot"].add_argument("--pitches", type=int, default=256, help="pitches sampled from the persuader")
-    ps.choices["pilot"].add_argument("--personas", type=int, default=4, help="train personas each pitch is scored on")
-    ps.choices["pilot"].add_argument("--simulators", help="comma-separated: score under these simulators only")
-    ps.choices["cards"].add_argument("--dialogues", type=int, default=48, help="held-out dialogues for the perplexity")
-    ps.choices["control"].add_argument("--lrs", default="1e-4,3e-4", help="comma-separated learning rates")
-    ps.choices["control"].add_argument("--steps", type=int, default=8)
-    ps.choices["verdicts"].add_argument("--grid", default="runs/p4g-pitch/grid", help="the grid's output directory")
-    pi.set_defaults(fn=pitch, user_errors=FILES)
-
-
-def pitch(args: argparse.Namespace) -> int:
-    """P4G-pitch's pilot, fidelity cards, positive control and verdicts (scope.lab.pitch)."""
-    from ..lab import pitch
-
-    if args.pitch_cmd == "pilot":
-        pitch.pilot(args.configs, args.out or "runs/p4g-pitch/pilot", n_sampled=args.pitches,
-                    n_personas=args.personas, overrides=args.set,
-                    only=args.simulators.split(",") if args.simulators else None, log=log)
-    elif args.pitch_cmd == "cards":
-        pitch.fidelity(args.configs, args.out or "runs/p4g-pitch/cards", n_dialogues=args.dialogues,
-                       overrides=args.set, log=log)
-    elif args.pitch_cmd == "control":
-        pitch.positive_control(args.configs, args.out or "runs/p4g-pitch/control",
-                               lrs=tuple(float(x) for x in args.lrs.split(",")), steps=args.steps,
-                               overrides=args.set, log=log)
-    else:
-        from ..lab import pitch_verdicts
-
-        print(pitch_verdicts.verdicts_markdown(pitch_verdicts.verdicts(args.grid, args.configs, overrides=args.set,
-                                                                       log=log)))
     return 0
 
 

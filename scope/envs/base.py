@@ -15,10 +15,8 @@ from ..types import Episode, Readout, Task
 ENVS: Registry[type["Env"]] = Registry("environment", builtin={
     # name -> the module that registers it, imported the first time it is asked for
     "p4g": "scope.envs.p4g",
-    "p4g_pitch": "scope.envs.p4g_pitch",
     "tau2_retail": "scope.envs.tau2.env",
     "tau2_airline": "scope.envs.tau2.env",
-    "lab": "scope.envs.lab",
     "coop_coding": "scope.envs.coop.env",
     "koth": "scope.koth.env",
 }, group="scope.envs")
@@ -193,6 +191,12 @@ class Env:
         """The environment's own metrics of a training step, from its finished (not failed) episodes'
         ``meta``; logged beside the loop's. Default: none."""
         return {}
+
+    @classmethod
+    def card_lines(cls, records: list[dict[str, Any]]) -> list[str]:
+        """What a grid's dialogue cards (``dialogues.md``) say of one arm's evaluation episodes (the records of
+        ``eval_episodes.jsonl``), beyond the generic lines: markdown list items. Default: none."""
+        return []
 
     # ---- tasks ------------------------------------------------------------------------------
     @classmethod

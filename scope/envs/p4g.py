@@ -25,29 +25,15 @@ in several dialogues stays on one side.
 """
 from __future__ import annotations
 
-import csv
-import json
-import math
 import os
 import random
 import re
 from typing import Any
 
+from ..data.p4g import (HumanDialogue, load_builtin_personas, load_csv_personas, persona_row, persona_text,
+                        resolve_data_dir, split_personas)
 from ..types import Task
 from .base import Env, register_env
-
-BIG5 = [("extrovert", "extraversion"), ("agreeable", "agreeableness"), ("conscientious", "conscientiousness"),
-        ("neurotic", "neuroticism"), ("open", "openness")]
-MORAL = ["care", "fairness", "loyalty", "authority", "purity"]
-SCHWARTZ = ["freedom", "conform", "tradition", "benevolence", "universalism", "self_direction", "stimulation",
-            "hedonism", "achievement", "power", "security"]
-STYLE = ["rational", "intuitive"]
-DEMO = ["age", "sex", "race", "edu", "marital", "employment", "income", "religion", "ideology"]
-FIELDS = [k for k, _ in BIG5] + MORAL + SCHWARTZ + STYLE + DEMO
-
-CATEGORICAL = ("sex", "race", "edu", "marital", "employment", "religion", "ideology")
-"""The persona fields that are words; the others are numbers."""
-PERSONAS_FILE = os.path.join(os.path.dirname(__file__), "data", "p4g_personas.json")
 
 # each run of blanks belongs to exactly one part of the pattern (a blank run before ":" or "$" is tried
 # only together with it), so a long run of blanks that ends in no amount fails in linear time
@@ -69,131 +55,6 @@ def parse_donation(text: str) -> float | None:
     if last is None:
         return None
     return min(max(float(last.group(1)), 0.0), 2.0)
-
-
-def _num(v: Any) -> float | None:
-    try:
-        x = float(v)
-    except (TypeError, ValueError):
-        return None
-    return None if math.isnan(x) else x
-
-
-def resolve_data_dir(path: str | None = None) -> str:
-    """The directory with the original P4G ``full_info.csv``: ``env.options.data_dir`` or ``SCOPE_P4G_DATA``."""
-    d = path or os.environ.get("SCOPE_P4G_DATA")
-    if not d:
-        raise FileNotFoundError("P4G data: personas 'real' reads the participants of Persuasion for Good from "
-                                "full_info.csv; set env.options.data_dir or SCOPE_P4G_DATA to its directory")
-    if not os.path.exists(os.path.join(d, "full_info.csv")):
-        src = "env.options.data_dir" if path else "SCOPE_P4G_DATA"
-        raise FileNotFoundError(f"P4G data: {os.path.join(d, 'full_info.csv')} not found ({src} = {d!r}); personas "
-                                "'real' need the original full_info.csv there (env.options.data_dir or SCOPE_P4G_DATA)")
-    return d
-
-
-def load_builtin_personas(path: str = PERSONAS_FILE) -> list[dict[str, Any]]:
-    with open(path) as f:
-        personas = json.load(f)
-    for p in personas:
-        missing = [k for k in FIELDS + ["user_id"] if k not in p]
-        if missing:
-            raise ValueError(f"{path}: persona {p.get('user_id')!r} lacks fields {missing}")
-    return personas
-
-
-def load_csv_personas(data_dir: str) -> list[dict[str, Any]]:
-    """Persuadee personas from the original ``full_info.csv`` (one per persuadee row)."""
-    path = os.path.join(data_dir, "full_info.csv")
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"P4G data: {path} not found (expected the original full_info.csv)")
-    out = []
-    with open(path, newline="") as f:
-        reader = csv.DictReader(f)
-        need = ["B2", "B3", "B4"] + [k + ".x" for k in FIELDS]
-        lacking = [k for k in need if k not in (reader.fieldnames or [])]
-        if lacking:
-            raise ValueError(f"{path}: missing columns {lacking}")
-        for row in reader:
-            if str(row["B4"]).strip() != "1":
-                continue
-            p: dict[str, Any] = {"user_id": row["B3"], "dialogue_id": row["B2"],
-                                 "donation": _num(row.get("B6"))}
-            for k in FIELDS:
-                v = row[k + ".x"]
-                p[k] = _num(v) if k not in CATEGORICAL else (v if v not in ("", "NA") else None)
-            out.append(p)
-    return out
-
-
-def split_personas(personas: list[dict[str, Any]], split: str, seed: int = 0,
-                   test_fraction: float = 0.2) -> list[dict[str, Any]]:
-    users = sorted({p["user_id"] for p in personas})
-    random.Random(seed).shuffle(users)
-    n_test = math.ceil(len(users) * test_fraction)
-    test = set(users[:n_test])
-    if split == "all":
-        return personas
-    if split not in ("train", "test"):
-        raise ValueError(f"split must be train, test or all, not {split!r}")
-    return [p for p in personas if (p["user_id"] in test) == (split == "test")]
-
-
-def _level(x: float, lo: float, hi: float) -> str:
-    t = (x - lo) / (hi - lo)
-    return ("very low" if t < 0.2 else "low" if t < 0.4 else "moderate" if t < 0.6 else "high" if t < 0.8
-            else "very high")
-
-
-def persona_row(row: dict[str, Any]) -> dict[str, Any]:
-    """A persona from a row of a user's tasks file: ``user_id`` and a ``persona`` text or any of FIELDS."""
-    if row.get("user_id") in (None, ""):
-        raise ValueError("no user_id (the persona's id)")
-    if not isinstance(row.get("persona", ""), str):
-        raise ValueError(f"persona: a text, not a {type(row['persona']).__name__}")
-    if not row.get("persona") and not any(row.get(k) is not None for k in FIELDS):
-        raise ValueError(f"neither a persona text nor any persona field ({', '.join(FIELDS[:3])}, ...)")
-    out = {**row, "user_id": str(row["user_id"])}
-    for k in FIELDS:
-        v = out.get(k)
-        if v is None or k in CATEGORICAL:
-            continue
-        try:
-            if isinstance(v, bool):
-                raise ValueError
-            out[k] = float(v)
-        except (TypeError, ValueError):
-            raise ValueError(f"{k}: a number, not {v!r}") from None
-    return out
-
-
-def persona_text(p: dict[str, Any]) -> str:
-    if p.get("persona"):  # a user's own persona, as written
-        return str(p["persona"])
-    lines = []
-    demo = []
-    if p.get("age") is not None:
-        demo.append(f"{int(p['age'])} years old")
-    for k in ("sex", "race", "marital", "employment", "religion", "ideology", "edu"):
-        if p.get(k):
-            demo.append(str(p[k]).lower() if k not in ("religion",) else str(p[k]))
-    if p.get("income") is not None:
-        demo.append(f"income bracket {int(p['income'])} of 12")
-    if demo:
-        lines.append("About you: " + ", ".join(demo) + ".")
-    b5 = [f"{name} {_level(p[k], 1, 5)}" for k, name in BIG5 if p.get(k) is not None]
-    if b5:
-        lines.append("Personality: " + ", ".join(b5) + ".")
-    mf = [f"{k} {_level(p[k], 1, 6)}" for k in MORAL if p.get(k) is not None]
-    if mf:
-        lines.append("Moral foundations: " + ", ".join(mf) + ".")
-    sv = [f"{k.replace('_', '-')} {_level(p[k], 1, 6)}" for k in SCHWARTZ if p.get(k) is not None]
-    if sv:
-        lines.append("Values: " + ", ".join(sv) + ".")
-    if p.get("rational") is not None and p.get("intuitive") is not None:
-        style = "reason and facts" if p["rational"] >= p["intuitive"] else "gut feeling"
-        lines.append(f"You decide mostly by {style}.")
-    return "\n".join(lines)
 
 
 AGENT_PROMPT = (
@@ -268,6 +129,12 @@ class PersuasionForGood(Env):
         return {"agent": r, "partner": r}
 
     @classmethod
+    def card_lines(cls, records: list[dict[str, Any]]) -> list[str]:
+        """How often the persuader names a dollar amount and talks about the cause, and what the persuadees
+        decided (no amount stated counts as no gift)."""
+        return persuasion_lines(records)
+
+    @classmethod
     def load_tasks(cls, split: str, personas: str = "builtin", split_seed: int = 0,
                    test_fraction: float = 0.2, data_dir: str | None = None, **_: Any) -> list[Task]:
         if personas == "real":
@@ -295,3 +162,28 @@ class PersuasionForGood(Env):
     def task_from_row(cls, row: dict[str, Any], split: str) -> Task:
         p = persona_row(row)
         return Task(id=f"p4g/{p['user_id']}", split=split, data=p)
+
+
+def persuasion_lines(records: list[dict[str, Any]]) -> list[str]:
+    """A dialogue card's lines on persuasion episodes (:meth:`PersuasionForGood.card_lines`): the persuader turns
+    that name a dollar amount or the cause, and the persuadees' decisions where the episodes record them."""
+    from collections import Counter
+
+    turns = [m["content"] for e in records for m in e["messages"] if m["role"] == "agent"]
+    dollars = sum(bool(re.search(r"\$\s*\d", t)) for t in turns) / max(len(turns), 1)
+    cause = sum(bool(re.search(r"charit|children|donat|save the", t, re.IGNORECASE)) for t in turns)
+    lines = [f"- agent turns that name a dollar amount: {dollars:.2f}"]
+    if any("persona" in e["meta"] for e in records):
+        gifts = Counter("none stated" if e["meta"].get("donation") is None else f"${e['meta']['donation']:g}"
+                        for e in records)
+        lines += ["- persuadees' decisions: " + ", ".join(f"{k} {v}" for k, v in gifts.most_common(6))
+                  + f" (of {len(records)})",
+                  f"- agent turns that mention the charity, children or donating: {cause / max(len(turns), 1):.2f}"]
+    return lines
+
+
+def fit_views(d: HumanDialogue) -> list[list[dict[str, str]]]:
+    """What ``scope sim fit`` fits a persuadee to by default (``FitConfig.examples``): each real dialogue as this
+    environment shows it to its persuadee (the persona in its system prompt), its last turn with the persuadee's
+    actual ``[DONATE $N]``."""
+    return [d.partner_view(PARTNER_PROMPT.format(persona=persona_text(d.persona)))]

@@ -3,7 +3,7 @@
 A tasks file is JSON Lines (one object per line), JSON (a list of objects), parquet, or a directory written by
 a Hugging Face ``datasets`` ``save_to_disk`` (a ``Dataset`` or a ``DatasetDict``). ``env.tasks.fields`` maps
 the environment's task fields to the file's columns; the environment turns each row into a task
-(``Env.task_from_row``): P4G and P4G-pitch read personas (``user_id`` and either a ``persona`` text or any of
+(``Env.task_from_row``): P4G reads personas (``user_id`` and either a ``persona`` text or any of
 the built-in persona fields), tau2 reads tasks in upstream's task format (``id``, ``user_scenario``,
 ``evaluation_criteria``). A missing file, an unreadable row or a row without a field the environment needs is
 a :class:`ValueError` (``FileNotFoundError`` for the file) naming the file and the row.

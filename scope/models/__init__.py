@@ -1,7 +1,7 @@
 """Model backends. ``MODEL_BUILDERS``: models that scope makes itself, named ``prefix:name`` in
-``models.<m>.path`` (``prefix -> build(name, options) -> checkpoint directory``); the collapse lab's models
-are ``lab:...``. Another package adds a builder under the ``scope.models`` entry-point group, or registers
-it with :func:`register_model_builder`. Kept free of heavy imports, and of environments."""
+``models.<m>.path`` (``prefix -> build(name, options) -> checkpoint directory``). Another package adds a builder
+under the ``scope.models`` entry-point group, or registers it with :func:`register_model_builder` (a plugin of
+``run.plugins``). Kept free of heavy imports, and of environments."""
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -9,8 +9,7 @@ from typing import Any, Callable
 from ..registry import Registry
 
 Builder = Callable[[str, dict[str, Any]], str]
-MODEL_BUILDERS: Registry[Builder] = Registry("model builder", builtin={"lab": "scope.lab.models:build"},
-                                             group="scope.models")
+MODEL_BUILDERS: Registry[Builder] = Registry("model builder", group="scope.models")
 
 
 def register_model_builder(prefix: str) -> Callable[[Builder], Builder]:
@@ -18,7 +17,7 @@ def register_model_builder(prefix: str) -> Callable[[Builder], Builder]:
 
 
 def model_builder(prefix: str) -> Builder | None:
-    """The builder of ``prefix:...`` models, importing a built-in one on first use."""
+    """The builder of ``prefix:...`` models (None where none is registered)."""
     return MODEL_BUILDERS.find(prefix)
 
 

@@ -1,5 +1,6 @@
 """Finding and loading models: the embedded SmolLM2 (dequantized from its GGUF file once), the tiny
-randomly initialised test model, built models (``lab:...``), checkpoint directories, devices and dtypes.
+randomly initialised test model, built models (``<prefix>:<name>``, a registered builder's), checkpoint
+directories, devices and dtypes.
 """
 from __future__ import annotations
 

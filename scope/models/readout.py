@@ -10,7 +10,7 @@ Which tokens settle what depends only on the text before them, so the tokens are
 and kept (``_Classes``).
 
 A panel reads the same prompts under several simulators that share one base model: adapters fitted on the
-top layers only (the people-fitted persuadees), or the base itself at another temperature. ``Shared`` keeps,
+top layers only (``lora.top_layers``), or the base itself at another temperature. ``Shared`` keeps,
 for the last chunks read, the decoder's hidden states at the layers where some adapter starts; a simulator
 whose adapter leaves every layer below such a point as the base's takes them and runs only the layers above.
 The layers below compute exactly what they would have (the same weights, inputs and shapes), so a readout

@@ -47,15 +47,9 @@ def reward_of(name: str) -> PartnerReward:
     if found is not None:
         return found
     if ":" in name:
-        from ..registry import load_path
+        from ..registry import load_function
 
-        try:
-            fn = load_path(name)
-        except (ImportError, AttributeError) as e:
-            raise KeyError(f"reward {name!r}: {type(e).__name__}: {e}") from None
-        if not callable(fn):
-            raise KeyError(f"reward {name!r}: not a function")
-        return PartnerReward(fn)
+        return PartnerReward(load_function(name, "reward", KeyError))
     raise KeyError(f"unknown reward {name!r}; registered: {', '.join(PARTNER_REWARDS.names())}, or "
                    f"package.module:function")
 

@@ -60,7 +60,7 @@ class RotationSource:
 
 
 PERSONA_POOLS: Registry[Callable[[], list[dict[str, str]]]] = Registry(
-    "persona pool", builtin={"lab": "scope.envs.lab:persona_pool"}, group="scope.persona_pools")
+    "persona pool", group="scope.persona_pools")
 """Named persona pools (``personas: <name>``): a function returning [{id, text}]; environments add theirs."""
 
 
@@ -69,8 +69,8 @@ def register_persona_pool(name: str, load: Callable[[], list[dict[str, str]]]) -
 
 
 def load_personas(spec: str) -> list[dict[str, str]]:
-    """A persona pool: ``builtin`` (12 manners), a registered name (``lab``), or a JSON file of {id, text}
-    (a list, or an object whose ``personas`` is that list, as ``scope personas evolve`` writes)."""
+    """A persona pool: ``builtin`` (12 manners), a registered name (an environment's own pool), or a JSON file of
+    {id, text} (a list, or an object whose ``personas`` is that list, as ``scope personas evolve`` writes)."""
     pool = PERSONA_POOLS.find(spec)
     if pool is not None:
         return pool()

@@ -8,7 +8,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
-from ..config import ConfigError, ModelConfig, PartnerSpec, Strict, _format
+from ..config import ConfigError, ModelConfig, PartnerSpec, Strict, format_validation_error
 from .features import FEATURES
 
 
@@ -111,7 +111,8 @@ def load_search_config(path: str, overrides: list[str] | None = None) -> Persona
     try:
         return PersonaSearchConfig.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(_format(e).replace("invalid config", "invalid persona search config")) from None
+        msg = format_validation_error(e).replace("invalid config", "invalid persona search config")
+        raise ConfigError(msg) from None
 
 
 # ---- the evaluator -------------------------------------------------------------------------------------

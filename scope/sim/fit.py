@@ -1,11 +1,14 @@
 """``scope sim fit``: a user simulator fitted to people. Supervised LoRA fine-tuning of a model (default the
 embedded SmolLM2) on the persuadee side of the real Persuasion for Good dialogues of the train persuadees.
 
-Each dialogue is rendered as the P4G environment shows it to its persuadee (the persona in the system
-prompt, the persuader's turns as user messages) and the loss falls on the persuadee's tokens only (each
-turn and its end-of-turn token, rendered turn by turn as the rollout engine renders them); its last turn
-ends with the ``[DONATE $N]`` marker of that participant's actual donation. A dialogue longer than
-``max_tokens`` is cut into windows of whole turns, each with the system prompt.
+What a persuadee is fitted to comes from ``examples``, an import path to a function of one real dialogue
+(:class:`scope.data.p4g.HumanDialogue`) returning the chat views to fit on. The default,
+``scope.envs.p4g:fit_views``, renders each dialogue as the P4G environment shows it to its persuadee (the persona
+in the system prompt, the persuader's turns as user messages), its last turn ending with the ``[DONATE $N]``
+marker of that participant's actual donation; an experiment supplies its own (its prompt, a forced decision).
+The loss falls on the assistant's tokens only (each turn and its end-of-turn token, rendered turn by turn as the
+rollout engine renders them). A view longer than ``max_tokens`` is cut into windows of whole turns, each with
+the system prompt.
 
 The output directory holds ``adapter/`` (a PEFT adapter: ``models.<m>.adapter``, a panel entry's
 ``adapter``, ``scope serve --adapter``) and ``fit.json`` (options, the hash of data and options, the
@@ -21,14 +24,17 @@ import os
 import random
 import shutil
 import time
-from typing import Any, Callable, Literal
+from typing import Any, Callable
 
 import torch
 from pydantic import Field
 
 from ..config import LoraConfig, Strict
-from ..envs.p4g import resolve_data_dir
-from .data import HumanDialogue, load_dialogues, shard_users
+from ..data.p4g import HumanDialogue, load_dialogues, resolve_data_dir, shard_users
+from ..registry import load_function, load_path
+
+Views = Callable[[HumanDialogue], list[list[dict[str, str]]]]
+"""What a persuadee is fitted to: one real dialogue -> the chat views whose assistant turns are the targets."""
 
 ADAPTER = "sim"
 VERSION = 1  # bump when the example format changes: old fits are then no longer reused
@@ -54,13 +60,9 @@ class FitConfig(Strict):
     """``k/n``: fit on the k-th of n disjoint random parts of the train persuadees only (``shard_seed``; see
     ``scope.sim.data.shard_users``), e.g. four simulators on four disjoint quarters of the people."""
     shard_seed: int = 0
-    form: Literal["p4g", "pitch"] = "p4g"
-    """The persuadee's system prompt in the examples: the P4G environment's (full persona) or P4G-pitch's
-    (short persona)."""
-    decisions: bool = False
-    """Add one forced-decision example per dialogue, as P4G-pitch asks for it: the persona, the dialogue's pitch
-    (its persuader's first turn that names the charity) and the decision note, answered with ``[DONATE $N]``
-    of that participant's actual donation."""
+    examples: str = "scope.envs.p4g:fit_views"
+    """``module:function`` of one real dialogue returning the chat views to fit on (:data:`Views`): the default is
+    the P4G environment's persuadee view; an experiment names its own (another prompt, a forced decision)."""
     warmup_steps: int = Field(default=10, ge=0)
     save_every: int = Field(default=25, ge=1)
     seed: int = 0
@@ -117,20 +119,24 @@ def windows(tok, msgs: list[dict[str, str]], max_tokens: int) -> list[list[dict[
     return out
 
 
-def examples(tok, dialogues: list[HumanDialogue], max_tokens: int, form: str = "p4g",
-             decisions: bool = False) -> list[tuple[list[int], list[int]]]:
-    """Each dialogue's persuadee turns as windows of at most ``max_tokens`` (``form``: its system prompt), and
-    with ``decisions`` its forced-decision example (:meth:`HumanDialogue.decision_view`)."""
+def examples(tok, dialogues: list[HumanDialogue], max_tokens: int,
+             views: Views | None = None) -> list[tuple[list[int], list[int]]]:
+    """Every view of each dialogue (``views``, default :data:`FitConfig.examples`'s) as windows of at most
+    ``max_tokens``, each with its loss mask."""
+    views = views or load_path(FitConfig().examples)
     out = []
     for d in dialogues:
-        for w in windows(tok, d.partner_view(form=form), max_tokens):
-            ids, mask = encode_dialogue(tok, w)
-            if sum(mask):
-                out.append((ids, mask))
-        view = d.decision_view(form) if decisions else None
-        if view is not None:
-            out.append(encode_dialogue(tok, view))
+        for view in views(d):
+            for w in windows(tok, view, max_tokens):
+                ids, mask = encode_dialogue(tok, w)
+                if sum(mask):
+                    out.append((ids, mask))
     return out
+
+
+def load_views(path: str) -> Views:
+    """The views function ``path`` names (``module:function``); one that does not load is a ``ValueError``."""
+    return load_function(path, "sim fit: examples")
 
 
 def data_hash(cfg: FitConfig) -> str:
@@ -214,6 +220,7 @@ def fit(cfg: FitConfig, log: Callable[[str], None] = print, progress: bool = Tru
     from ..models.local import load_backend
     from ..run import publish_dir, save_weights
 
+    views = load_views(cfg.examples)  # before anything is loaded: a bad path is the user's to fix
     key = data_hash(cfg)
     out = cfg.out
     meta_path = os.path.join(out, "fit.json")
@@ -231,7 +238,7 @@ def fit(cfg: FitConfig, log: Callable[[str], None] = print, progress: bool = Tru
         dialogues = shard_users(dialogues, cfg.shard, cfg.shard_seed)
     if cfg.max_dialogues:
         dialogues = dialogues[:cfg.max_dialogues]
-    data = examples(tok, dialogues, cfg.max_tokens, cfg.form, cfg.decisions)
+    data = examples(tok, dialogues, cfg.max_tokens, views)
     if not data:
         raise ValueError(f"sim fit: no dialogue has an exchange that fits max_tokens={cfg.max_tokens} with its "
                          "system prompt; raise max_tokens")

@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .data import load_dialogues
+from ..data.p4g import load_dialogues
 from .fit import FitConfig, examples, perplexity
 
 PAPER_P4G = {"max_turns": 5, "continue_after_zero": True}

@@ -22,7 +22,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
-from ..config import ConfigError, ModelConfig, Strict, _format
+from ..config import ConfigError, ModelConfig, Strict, format_validation_error
 
 ID_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
 
@@ -177,7 +177,7 @@ def parse_study(data: dict[str, Any], base_dir: str = "") -> StudyConfig:
     try:
         cfg = StudyConfig.model_validate({**data, "base_dir": base_dir})
     except ValidationError as e:
-        raise ConfigError(_format(e).replace("invalid config", "invalid study config")) from None
+        raise ConfigError(format_validation_error(e).replace("invalid config", "invalid study config")) from None
     return cfg
 
 

@@ -322,7 +322,7 @@ class StudyService:
                              "with fewer teammates nearby back to its start. Watch the blue team, then say how it "
                              "played.", "card": []}
         if sess.env == "p4g":
-            from ..envs.p4g import persona_text
+            from ..data.p4g import persona_text
 
             return {"kind": "p4g", "title": "Your role",
                     "intro": "Imagine you are this person. You have just earned $2 for a task. Someone will chat "

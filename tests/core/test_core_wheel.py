@@ -48,7 +48,7 @@ def test_the_core_wheel_trains_runs_the_lab_command_and_names_a_missing_extra(tm
     r = in_venv(tmp_path, "scope", "train", "--config", "tiny.yaml")
     assert r.returncode == 0, r.stderr[-3000:]
     assert (tmp_path / "run" / "metrics.jsonl").read_text().count("\n") == 2
-    assert in_venv(tmp_path, "scope", "lab", "--help").returncode == 0
+    assert in_venv(tmp_path, "scope", "grid", "--help").returncode == 0
     r = in_venv(tmp_path, "scope", "study", "serve", "--config", os.path.join(ROOT, "configs", "study", "demo.yaml"))
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and "pip install 'scope[study]'" in lines[0], r.stderr[-2000:]

@@ -1,0 +1,1 @@
+"""Data of people that environments and fitted simulators read (Persuasion for Good)."""
