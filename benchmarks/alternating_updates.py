@@ -28,7 +28,7 @@ def child(pinned: bool, seq: str) -> None:
     import torch
 
     from scope import learner as L
-    from scope.models.local import load_backend
+    from scope.models.loading import load_backend
     from scope.types import Trace
 
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "2")))

@@ -17,22 +17,22 @@ import time
 
 import torch
 
-from scope.models import local
-from scope.models.local import _cache_kw, _make_cache, _n_layers, load_backend
+from scope.models.decode import PREFILL_CHUNK_TOKENS, cache_kw, make_cache, n_layers
+from scope.models.loading import load_backend
 from report import report  # benchmarks/report.py (a script's own directory is on sys.path)
 
 
 @torch.inference_mode()
 def decode_ms(model, rows: int, ctx: int, steps: int) -> float:
-    cache = _make_cache(_n_layers(model), ctx + steps + 1)
+    cache = make_cache(n_layers(model), ctx + steps + 1)
     att = torch.ones(rows, ctx + steps + 1, dtype=torch.long)
     att[0, :5] = 0  # one padded row, as in a real batch
-    model(input_ids=torch.randint(0, 40000, (rows, ctx)), attention_mask=att[:, :ctx], **{_cache_kw(model): cache},
+    model(input_ids=torch.randint(0, 40000, (rows, ctx)), attention_mask=att[:, :ctx], **{cache_kw(model): cache},
           use_cache=True, logits_to_keep=1)
     tok = torch.randint(0, 40000, (rows, 1))
     t = time.perf_counter()
     for s in range(steps):
-        model(input_ids=tok, attention_mask=att[:, :ctx + s + 1], **{_cache_kw(model): cache}, use_cache=True,
+        model(input_ids=tok, attention_mask=att[:, :ctx + s + 1], **{cache_kw(model): cache}, use_cache=True,
               logits_to_keep=1)
     return (time.perf_counter() - t) / steps * 1000
 
@@ -63,7 +63,7 @@ def main() -> None:
                   f"32 rows {many:.1f} ms -> decode-only gain at 32: {32 * one / many:.1f}x", flush=True)
     with b.using(None) as m, b.packed.active(m):
         whole = prefill_tok_s(m, 32, 204, 32)
-        chunked = prefill_tok_s(m, 32, 204, max(1, local.PREFILL_CHUNK_TOKENS // 204))
+        chunked = prefill_tok_s(m, 32, 204, max(1, PREFILL_CHUNK_TOKENS // 204))
         single = prefill_tok_s(m, 4, 204, 1)
     print(f"prefill 32 x 204 tokens: {whole:.0f} tok/s in one pass, {chunked:.0f} tok/s in the engine's chunks; "
           f"one row at a time {single:.0f} tok/s")

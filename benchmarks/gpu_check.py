@@ -39,7 +39,7 @@ def tokenizer(vocab: int):
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from scope.models.local import CHATML
+    from scope.models.loading import CHATML
 
     specials = ["<unk>", "<pad>", "<|im_start|>", "<|im_end|>"]
     words = specials + [f"w{i} " for i in range(vocab - len(specials))]
@@ -54,7 +54,8 @@ def check(shape: str, device: str, rows: int, new: int, prompt_len: int) -> dict
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     from scope.learner import Learner, LearnerConfig
-    from scope.models.local import LocalBackend, resolve_device, resolve_dtype
+    from scope.models.backend import LocalBackend
+    from scope.models.loading import resolve_device, resolve_dtype
     from scope.types import SamplingParams, Trace
 
     dev = resolve_device(device)
@@ -120,7 +121,8 @@ def fsdp_child(shape: str, device: str, rows: int, seq: int) -> dict:
 
     from scope.config import parse_config
     from scope.learner import Learner, LearnerConfig
-    from scope.models.local import LocalBackend, resolve_device, resolve_dtype
+    from scope.models.backend import LocalBackend
+    from scope.models.loading import resolve_device, resolve_dtype
     from scope.parallel import DistLearner, local_rank, start
     from scope.types import Trace
 

@@ -23,8 +23,9 @@ from report import report, rss_mb, track_peak  # benchmarks/report.py (a script'
 def child(size: int) -> dict:
     import torch
 
-    from scope.learner import Learner, LearnerConfig, release_free_memory
-    from scope.models.local import load_backend
+    from scope.learner import Learner, LearnerConfig
+    from scope.memory import release_free_memory
+    from scope.models.loading import load_backend
     from scope.types import Trace
 
     torch.set_num_threads(2)

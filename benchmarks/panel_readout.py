@@ -20,7 +20,7 @@ import time
 import torch
 
 from scope.envs.p4g_pitch import AMOUNT, P4GPitch
-from scope.models.local import load_backend
+from scope.models.loading import load_backend
 from scope.rollout import encode, render
 from scope.types import SamplingParams, Task
 from report import report  # benchmarks/report.py (a script's own directory is on sys.path)

@@ -37,7 +37,7 @@ def run(model: str, strategy: str | None, updates: int, threads: int) -> dict:
     import torch
 
     from scope.learner import Learner, LearnerConfig
-    from scope.models.local import load_backend
+    from scope.models.loading import load_backend
 
     torch.set_num_threads(threads)
     b = load_backend(model)

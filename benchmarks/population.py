@@ -78,7 +78,7 @@ def switch_time(n: int = 200, backend=None) -> float:
     """Mean seconds to make one of 5 pool members the active adapter (``backend``: the embedded model's)."""
     import torch
 
-    from scope.models.local import load_backend
+    from scope.models.loading import load_backend
     from scope.partners.pool import PoolSource
     from scope.types import SamplingParams
 

@@ -21,8 +21,9 @@ import time
 
 import torch
 
-from scope.envs import get_env
-from scope.models.local import ModelRef, load_backend
+from scope.envs.base import get_env
+from scope.models.backend import ModelRef
+from scope.models.loading import load_backend
 from scope.rollout import Job, run_rollouts
 from scope.types import Episode, SamplingParams
 from report import report  # benchmarks/report.py (a script's own directory is on sys.path)

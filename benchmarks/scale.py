@@ -59,8 +59,8 @@ def move(ref, rng: torch.Generator) -> None:
 
 def measure(mode: str, rounds: int, dialogues: int = 32) -> dict[str, float]:
     from scope.config import parse_config
-    from scope.distributed import make_rollout, scale_metrics
-    from scope.envs import get_env
+    from scope.rollout_workers import make_rollout, scale_metrics
+    from scope.envs.base import get_env
     from scope.setup import build_models
     from scope.train import step_jobs
 

@@ -12,10 +12,11 @@ import argparse
 import os
 import time
 
-from scope.envs.tau2 import load_domain
+from scope.envs.tau2.env import load_domain
 from scope.envs.tau2.db import OverlayDB
 from scope.envs.tau2.env import evaluate
-from scope.envs.tau2.tools import ToolError, call_tool
+from scope.envs.tau2.tooling import ToolError
+from scope.envs.tau2.tools import call_tool
 from report import report  # benchmarks/report.py (a script's own directory is on sys.path)
 
 

@@ -270,7 +270,7 @@ class RolloutConfig(Strict):
     """A reply cut off at max_new_tokens ends the episode as ``truncated``."""
     workers: int = Field(default=0, ge=0)
     """0: dialogues run in this process. N > 0: in N Ray actors, each with its own copy of the models
-    (scope/distributed.py; needs ``pip install 'scope[scale]'``)."""
+    (scope/rollout_workers.py; needs ``pip install 'scope[scale]'``)."""
 
 
 class RayConfig(Strict):
@@ -385,7 +385,7 @@ class RunConfig(Strict):
         return v
 
 
-class Placement(Strict):
+class PlacementConfig(Strict):
     ranks: list[int] | None = None
     """The ranks this trained model's learner runs on (its own process group); None: every rank."""
     strategy: Literal["ddp", "fsdp"] = "ddp"
@@ -397,8 +397,10 @@ class ParallelConfig(Strict):
     """A run launched over several ranks (``torchrun --nproc-per-node N -m scope.cli train ...``; see
     ``scope.parallel``). Ignored by a one-process run."""
 
-    agent: Placement = Placement()
-    partner: Placement = Placement()
+    agent: PlacementConfig = PlacementConfig()
+    partner: PlacementConfig = PlacementConfig()
+    envsim: PlacementConfig = PlacementConfig()
+    """A trained environment simulator (``envsim: {trainable: true}``)."""
     timeout: float = Field(default=3600.0, gt=0)
     """Seconds a rank waits in a collective (the other ranks wait for rank 0's rollouts and evaluations)."""
     backend: Literal["auto", "gloo", "nccl"] = "auto"
@@ -468,7 +470,7 @@ class Config(Strict):
             raise ValueError("partner.self_play needs a trainable agent on the same model")
         if self.partner.self_play and self.partner.temperature != self.agent.temperature:
             raise ValueError("partner.self_play: both roles sample from one policy; use the same temperature")
-        from .envs import get_env
+        from .envs.base import get_env
 
         try:
             env_cls = get_env(self.env.name)

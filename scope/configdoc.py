@@ -67,7 +67,7 @@ def _rows(model: type[BaseModel], prefix: str) -> list[str]:
 
 
 def _env_options() -> list[str]:
-    from .envs import get_env
+    from .envs.base import get_env
     from .envs.base import ENVS
 
     out = ["", "Each built-in environment's `env.options` (the named parameters of its constructor and task "

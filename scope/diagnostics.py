@@ -20,7 +20,7 @@ CLASSIFIERS: Registry[Callable[[str], str]] = Registry("behaviour classifier", g
 
 def classifier_of(env_name: str) -> Callable[[str], str] | None:
     """The partner-behaviour classifier of an environment (it registers its own when its module loads)."""
-    from .envs import get_env
+    from .envs.base import get_env
 
     try:
         get_env(env_name)

@@ -19,9 +19,9 @@ import yaml
 from pydantic import Field, ValidationError
 
 from .config import ConfigError, EnvConfig, ModelConfig, PartnerSpec, Strict, format_validation_error
-from .models.loading import adapter_dir, load_frozen_adapter  # noqa: F401 - callers' names
+from .models.loading import load_frozen_adapter
 from .diagnostics import behaviour_stats, classifier_of, group_similarity, variance_decomposition
-from .envs import get_env
+from .envs.base import get_env
 from .envs.tasks import load_tasks
 from .partners.binding import Binding, spec_binding
 from .rollout import Job, Play, make_jobs, run_rollouts
@@ -235,7 +235,9 @@ GROUPS = {"panel": lambda v: not v.get("control"), "seen": lambda v: v["seen"] a
 """The panel's groups: seen, unseen, both (``panel``), and the evaluation-only controls apart."""
 
 
-def _mean_std(xs: list[float]) -> tuple[float, float]:
+def _mean_population_sd(xs: list[float]) -> tuple[float, float]:
+    """The mean and the population standard deviation (n) of the values that are not NaN: the spread of a panel's
+    members' means (``panel_std``), which are the whole population of the panel."""
     xs = [x for x in xs if not math.isnan(x)]
     if not xs:
         return float("nan"), float("nan")
@@ -253,14 +255,14 @@ def summarize(per: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Panel mean and std across partners; seen and unseen means; each mean's standard error (the
     evaluation noise, from the episodes' spread)."""
     means = [v["mean"] for v in per.values() if not v.get("control")]
-    m, s = _mean_std(means)
+    m, s = _mean_population_sd(means)
     out = {"per_partner": per, "panel_mean": m, "panel_std": s}
     for key, sel in GROUPS.items():
         vs = [v for v in per.values() if sel(v)]
         if key == "control" and not vs:
             continue
         if key != "panel":
-            out[f"{key}_mean"] = _mean_std([v["mean"] for v in vs])[0]
+            out[f"{key}_mean"] = _mean_population_sd([v["mean"] for v in vs])[0]
         out[f"{key}_se"] = _se_of_mean([v.get("se", float("nan")) for v in vs])
     return out
 

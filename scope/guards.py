@@ -6,7 +6,7 @@ import contextlib
 import os
 
 from .config import Config
-from .envs import get_env
+from .envs.base import get_env
 from .envs.tasks import load_tasks
 from .rollout import Job
 from .types import Episode, Task

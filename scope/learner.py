@@ -21,9 +21,10 @@ from typing import Any, Sequence
 
 import torch
 
-from .memory import MMAP_THRESHOLD, allocator, pin_mmap_threshold, release_free_memory  # noqa: F401 - re-exported
+from .memory import allocator, pin_mmap_threshold, release_free_memory
 from .models.decode import base_model
-from .models.local import LocalBackend, clone_frozen
+from .models.backend import LocalBackend
+from .models.loading import clone_frozen
 from .types import Episode, Trace
 
 
@@ -232,15 +233,15 @@ class LogProbs(torch.nn.Module):
 def _after_prefix(model, dec, ids: torch.Tensor, att: torch.Tensor, prefix: int) -> torch.Tensor:
     """The decoder's last hidden states at positions ``prefix`` .. L-1 of every row, the shared first ``prefix``
     tokens run once (row 0's) and their keys and values given to every row."""
-    from .models.decode import _cache_kw
-    from .models.readout import _select
+    from .models.decode import cache_kw
+    from .models.readout import select_cache_rows
 
     out = dec(input_ids=ids[:1, :prefix], use_cache=True)
-    cache = _select(model, out.cache if "cache" in out else out.past_key_values,
+    cache = select_cache_rows(model, out.cache if "cache" in out else out.past_key_values,
                     torch.zeros(ids.shape[0], dtype=torch.long, device=ids.device))
     pos = torch.arange(prefix, ids.shape[1], device=ids.device)[None]
     return dec(input_ids=ids[:, prefix:], attention_mask=att, position_ids=pos, use_cache=True,
-               **{_cache_kw(model): cache}).last_hidden_state
+               **{cache_kw(model): cache}).last_hidden_state
 
 
 MIN_SHARED_PREFIX = 32

@@ -74,6 +74,18 @@ def local_rank() -> int:
     return int(os.environ.get("LOCAL_RANK", "0"))
 
 
+def ranks_of(cfg, owner: str, size: int) -> tuple[list[int], str]:
+    """The ranks and the strategy of the trained model ``owner`` (``parallel.<owner>``: agent, partner or envsim)
+    in a world of ``size`` ranks; ranks outside it, or none, are a ``ValueError`` naming the key."""
+    pc = getattr(cfg.parallel, owner)
+    ranks = sorted(pc.ranks) if pc.ranks is not None else list(range(size))
+    bad = [r for r in ranks if not 0 <= r < size]
+    if not ranks or bad:
+        raise ValueError(f"parallel.{owner}.ranks: {pc.ranks} is not a non-empty subset of the {size} ranks "
+                         f"(0-{size - 1})")
+    return ranks, pc.strategy
+
+
 @dataclass
 class Placement:
     """Where one trained model lives: its ranks, its process group and how it is wrapped."""
@@ -89,7 +101,7 @@ class Placement:
         return self.ranks[0]
 
 
-class Job:
+class DistJob:
     """This process's part in a distributed run: its rank, the world, and each trained model's placement."""
 
     def __init__(self, cfg, owners: Sequence[str]):
@@ -105,13 +117,8 @@ class Job:
                                     timeout=datetime.timedelta(seconds=cfg.parallel.timeout))
         self.placements: dict[str, Placement] = {}
         for owner in owners:  # every rank creates every group, in the same order
-            pc = getattr(cfg.parallel, owner)
-            ranks = sorted(pc.ranks) if pc.ranks is not None else list(range(self.size))
-            bad = [r for r in ranks if not 0 <= r < self.size]
-            if not ranks or bad:
-                raise ValueError(f"parallel.{owner}.ranks: {pc.ranks} is not a non-empty subset of the "
-                                 f"{self.size} ranks (0-{self.size - 1})")
-            p = Placement(owner, ranks, pc.strategy, group=dist.new_group(ranks))
+            ranks, strategy = ranks_of(cfg, owner, self.size)
+            p = Placement(owner, ranks, strategy, group=dist.new_group(ranks))
             if p.leader != 0:
                 p.pair = dist.new_group([0, p.leader])
             self.placements[owner] = p
@@ -138,11 +145,11 @@ class Job:
             dist.destroy_process_group()
 
 
-def start(cfg, owners: Sequence[str]) -> Job | None:
+def start(cfg, owners: Sequence[str]) -> DistJob | None:
     """The distributed job of this process, or None for a one-process run (``WORLD_SIZE`` unset or 1)."""
     if world_size() <= 1:
         return None
-    return Job(cfg, owners)
+    return DistJob(cfg, owners)
 
 
 # ---- the training copy and its learner -------------------------------------------------------------------
@@ -163,7 +170,7 @@ class DistLearner(Learner):
     """A Learner over a training copy wrapped in DDP or FSDP2 on its placement's ranks (see the module
     docstring). ``update`` takes the whole minibatch on every rank of the group and trains on its share."""
 
-    def __init__(self, job: Job, placement: Placement, backend, adapter: str | None, cfg: LearnerConfig):
+    def __init__(self, job: DistJob, placement: Placement, backend, adapter: str | None, cfg: LearnerConfig):
         super().__init__(backend, adapter, cfg)
         self.job, self.placement = job, placement
         self.world = len(placement.ranks)
@@ -187,7 +194,7 @@ class DistLearner(Learner):
 
             self.module = DDP(self.module, process_group=placement.group)
         # (FSDP2 turns parameters into shards: the optimizer is made over what the module holds now)
-        self.params = [p for n, p in _named_trainable(self.module, adapter)]
+        self.params = [p for n, p in named_trainable(self.module, adapter)]
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, betas=(cfg.betas[0], cfg.betas[1]),
                                            weight_decay=cfg.weight_decay)
         self.timing: dict[str, float] = {}
@@ -235,7 +242,7 @@ class DistLearner(Learner):
         call it; the others get an empty dict), keyed as the generation copy names them. One parameter is
         gathered at a time, so a rank holds one whole parameter beyond its shards at once."""
         out = {}
-        for name, p in _named_trainable(self.backend.model, self.adapter):
+        for name, p in named_trainable(self.backend.model, self.adapter):
             t = p.full_tensor() if hasattr(p, "full_tensor") else p
             if self.local == 0:
                 out[name] = t.detach().cpu().clone()
@@ -244,7 +251,7 @@ class DistLearner(Learner):
 
     def load_weights(self, state: dict[str, torch.Tensor]) -> None:
         """Copy whole weights (the generation copy's, at the start) into this training copy's shards."""
-        for name, p in _named_trainable(self.backend.model, self.adapter):
+        for name, p in named_trainable(self.backend.model, self.adapter):
             if name not in state:
                 raise KeyError(f"parallel: weight {name!r} missing from rank 0's {self.placement.owner} state")
             src = state[name].to(dtype=p.dtype)
@@ -269,7 +276,7 @@ def _layers(model) -> list[torch.nn.Module]:
     return list(layers)
 
 
-def _named_trainable(module: torch.nn.Module, adapter: str | None):
+def named_trainable(module: torch.nn.Module, adapter: str | None):
     """(name, parameter) of what trains: the adapter's LoRA weights, or every weight (full fine-tuning)."""
     for n, p in module.named_parameters():
         if adapter is None or (f".{adapter}." in n and "lora_" in n):
@@ -314,7 +321,7 @@ def training_copy(cfg, owner: str, seed: int):
     return b, None
 
 
-def build_learners(job: Job, cfg, owners: Sequence[str], configs: dict[str, LearnerConfig],
+def build_learners(job: DistJob, cfg, owners: Sequence[str], configs: dict[str, LearnerConfig],
                    generation: dict[str, Any] | None = None) -> dict[str, DistLearner]:
     """This rank's learners (the models whose group holds it), each starting from rank 0's generation
     weights (``generation``: owner -> ModelRef, on rank 0), broadcast to every rank. Every rank calls this,
@@ -330,14 +337,14 @@ def build_learners(job: Job, cfg, owners: Sequence[str], configs: dict[str, Lear
         state = None
         if job.main:
             ref = (generation or {})[owner]
-            state = {n: t.detach().cpu().clone() for n, t in _named_trainable(ref.backend.model, ref.adapter)}
+            state = {n: t.detach().cpu().clone() for n, t in named_trainable(ref.backend.model, ref.adapter)}
         state = job.broadcast(state)
         if learner is not None:
             learner.load_weights(state)
     return out
 
 
-def sync_back(job: Job, owner: str, learner: DistLearner | None, metrics: dict[str, float] | None
+def sync_back(job: DistJob, owner: str, learner: DistLearner | None, metrics: dict[str, float] | None
               ) -> tuple[dict[str, torch.Tensor] | None, dict[str, float] | None]:
     """After ``owner``'s update: the group gathers its weights and timings; rank 0 receives them (weights,
     metrics with each rank's time and memory). Called by every rank of the group, and by rank 0."""
@@ -366,7 +373,7 @@ class RemoteLearner:
     traces go to every rank, this rank trains on its share if it is in the group, and the trained weights
     come back into the generation copy (``ref``)."""
 
-    def __init__(self, job: Job, owner: str, ref, local: DistLearner | None):
+    def __init__(self, job: DistJob, owner: str, ref, local: DistLearner | None):
         self.job, self.owner, self.local = job, owner, local
         self.backend, self.adapter = ref.backend, ref.adapter  # the generation copy (checkpoints save it)
 
@@ -396,7 +403,7 @@ class RemoteLearner:
         self.backend.versions[self.adapter] = sd["version"]
 
 
-def save_all(job: Job, learners: dict[str, DistLearner], owners: Sequence[str], path: str) -> None:
+def save_all(job: DistJob, learners: dict[str, DistLearner], owners: Sequence[str], path: str) -> None:
     """Every model's sharded training state into ``path/dist_<owner>`` (each over its own group), then a
     barrier: rank 0 publishes the checkpoint only after every rank has written."""
     for owner in owners:
@@ -405,7 +412,7 @@ def save_all(job: Job, learners: dict[str, DistLearner], owners: Sequence[str], 
     job.barrier()
 
 
-def load_all(job: Job, learners: dict[str, DistLearner], owners: Sequence[str], path: str) -> None:
+def load_all(job: DistJob, learners: dict[str, DistLearner], owners: Sequence[str], path: str) -> None:
     """Every model's training state from ``path/dist_<owner>`` (resharded to this run's ranks)."""
     for owner in owners:
         if owner in learners:
@@ -416,7 +423,7 @@ def load_all(job: Job, learners: dict[str, DistLearner], owners: Sequence[str], 
     job.barrier()
 
 
-def follow(job: Job, cfg, owners: Sequence[str], configs: dict[str, LearnerConfig]) -> None:
+def follow(job: DistJob, cfg, owners: Sequence[str], configs: dict[str, LearnerConfig]) -> None:
     """The loop of every rank but 0: build this rank's learners, then do what rank 0 says until it stops."""
     learners = build_learners(job, cfg, owners, configs)
     while True:

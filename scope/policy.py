@@ -10,7 +10,8 @@ def load_policy(policy: str, cfg_path: str | None, model: str | None, overrides:
     config, the loaded backends, the agent's binding)."""
     from .config import ConfigError, apply_override, load_config, parse_config
     from .models.loading import adapter_dir, load_frozen_adapter
-    from .models.local import ModelRef, load_backend
+    from .models.backend import ModelRef
+    from .models.loading import load_backend
     from .partners.binding import spec_binding
 
     if policy != "base" and cfg_path is None:  # the run's config: beside RUN_DIR/best, above checkpoints/step_N

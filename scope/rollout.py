@@ -376,7 +376,7 @@ def _run_readout_requests(items: list[_Req], stats: RolloutStats) -> None:
             r.error = e
 
 
-def _chat(ref: Any, convs: list[list[dict[str, str]]], sp: SamplingParams, response_format=None,
+def chat_complete(ref: Any, convs: list[list[dict[str, str]]], sp: SamplingParams, response_format=None,
           prefix: str = "", sessions: list | None = None) -> list[Completion | BaseException]:
     """One batched text call to either kind of model. A local model renders and tokenises afresh (its
     key/values are reused per session up to the first changed token), and can be given the start of
@@ -411,7 +411,7 @@ def _run_text_requests(items: list[_Req], stats: RolloutStats) -> None:
 
     def chat(convs, sp, response_format=None, prefix="", sessions=None) -> list[Completion | BaseException]:
         stats.calls += 1
-        return _chat(b.ref, convs, sp, response_format=response_format, prefix=prefix, sessions=sessions)
+        return chat_complete(b.ref, convs, sp, response_format=response_format, prefix=prefix, sessions=sessions)
 
     if b.vs is None:
         outs = chat([r.job.env.views[r.role] for r in items], b.sampling, sessions=sessions(items))
@@ -447,7 +447,7 @@ def _judge(jobs: list[Job], judge: Binding, stats: RolloutStats) -> None:
             asks += [(j, k, conv) for k, conv in enumerate(reqs)]
     if not asks:
         return
-    outs = _chat(judge.ref, [conv for _, _, conv in asks], judge.sampling)
+    outs = chat_complete(judge.ref, [conv for _, _, conv in asks], judge.sampling)
     stats.calls += 1
     replies: dict[int, list] = {}
     for (j, _, _), c in zip(asks, outs):

@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from .config import Config
-from .models.local import LocalBackend, ModelRef, open_backend
+from .models.backend import LocalBackend, ModelRef
+from .models.loading import open_backend
 from .models.loading import backend_key, frozen_refs
 from .partners.sources import build_sources
 

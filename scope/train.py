@@ -22,14 +22,14 @@ import numpy as np
 import torch
 
 from .config import Config
-from .envs import Env, get_env
+from .envs.base import Env, get_env
 from .learner import Learner, LearnerConfig, group_advantages
 from .memory import allocator
 from .partners.binding import SnapshotSource
 from .partners.pool import PoolSource
 from .partners.rewards import apply_partner_reward, baseline_of
 from .diagnostics import classifier_of
-from .distributed import make_rollout, scale_metrics
+from .rollout_workers import make_rollout, scale_metrics
 from .rollout import Job, Play, make_jobs
 from .monitor import PanelEval, PartnerProbe, step_diagnostics
 from .plot import run_plots

@@ -11,7 +11,7 @@ SHARED = os.path.abspath(os.path.join(ROOT, "..", "shared"))
 @pytest.fixture(scope="session")
 def smol_tokenizer():
     """The real SmolLM2 tokenizer (from the embedded package; cached on disk after the first load)."""
-    from scope.models.local import load_tokenizer
+    from scope.models.loading import load_tokenizer
 
     return load_tokenizer("smollm2-135m")
 
@@ -19,7 +19,7 @@ def smol_tokenizer():
 @pytest.fixture()
 def tiny(smol_tokenizer):
     """A tiny randomly initialised Llama with SmolLM2's vocabulary and chat template."""
-    from scope.models.local import tiny_backend
+    from scope.models.loading import tiny_backend
 
     return tiny_backend(smol_tokenizer, seed=0)
 

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from scope.envs import get_env
+from scope.envs.base import get_env
 from scope.envs.coop import sandbox as sb
 from scope.envs.coop.env import CoopCoding, parse_action
 from scope.envs.coop.evaluate import evaluate_pair
@@ -150,7 +150,8 @@ def test_options_are_declared_and_a_missing_data_dir_is_named():
 def test_the_tiny_model_through_the_rollout_engine():
     """Token plumbing: two tiny-model coders in the batched rollout engine; each role's trace is its own,
     token-exact, with the mask on its generated tokens only."""
-    from scope.models.local import ModelRef, load_tokenizer, tiny_backend
+    from scope.models.backend import ModelRef
+    from scope.models.loading import load_tokenizer, tiny_backend
     from scope.rollout import Job, run_rollouts
     from scope.types import Episode, SamplingParams
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from scope.envs import get_env
+from scope.envs.base import get_env
 from scope.envs.coop import sandbox as sb
 from scope.envs.coop.sandbox import Limits, Sandbox
 

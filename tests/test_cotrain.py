@@ -8,14 +8,15 @@ import torch
 
 from scope.config import ConfigError, parse_config
 from scope.learner import Learner, LearnerConfig, group_advantages
-from scope.models.local import ModelRef, load_tokenizer, tiny_backend
+from scope.models.backend import ModelRef
+from scope.models.loading import load_tokenizer, tiny_backend
 from scope.partners.pool import PoolSource
 from scope.partners.rewards import (PARTNER_REWARDS, apply_partner_reward, curriculum_value, register_reward)
-from scope.partners.sources import Binding
+from scope.partners.binding import Binding
 from scope.rollout import Job, run_rollouts
 from scope.run import read_metrics
 from scope.train import train
-from scope.envs import get_env
+from scope.envs.base import get_env
 from scope.types import Episode, SamplingParams, Task
 
 SP = SamplingParams(temperature=1.0, max_new_tokens=8)

@@ -8,7 +8,7 @@ import torch
 
 from scope.config import parse_config
 from scope.models import vllm_backend
-from scope.models.local import load_tokenizer, tiny_backend
+from scope.models.loading import load_tokenizer, tiny_backend
 from scope.models.vllm_backend import VLLMEngine, attach_engine, tied_embeddings, write_weights
 
 

@@ -93,7 +93,8 @@ def test_the_constrained_mode_catches_what_the_tools_cannot_do(bench):
 def test_a_model_simulator_runs_through_the_engine_and_is_repaired_once(bench):
     from scope.envsim.bench import score
     from scope.envsim.simulate import ModelSimulator
-    from scope.models.local import ModelRef, load_tokenizer, tiny_backend
+    from scope.models.backend import ModelRef
+    from scope.models.loading import load_tokenizer, tiny_backend
     from scope.partners.binding import Binding
     from scope.types import SamplingParams
 
@@ -116,7 +117,7 @@ def test_a_model_simulator_runs_through_the_engine_and_is_repaired_once(bench):
 
 
 def _gold_task(root, domain="retail", writes=1):
-    from scope.envs import get_env
+    from scope.envs.base import get_env
     from scope.envs.tau2.tools import DOMAINS
 
     cls = get_env(f"tau2_{domain}")
@@ -225,7 +226,8 @@ def test_the_simulator_is_a_role_of_the_rollout_engine_with_its_own_token_trace(
     import json
     import random
 
-    from scope.models.local import ModelRef, load_tokenizer, tiny_backend
+    from scope.models.backend import ModelRef
+    from scope.models.loading import load_tokenizer, tiny_backend
     from scope.partners.binding import Binding
     from scope.rollout import Job, run_rollouts
     from scope.study.agents import ScriptedRef
@@ -251,3 +253,21 @@ def test_the_simulator_is_a_role_of_the_rollout_engine_with_its_own_token_trace(
     assert t.n_turns == n and 0 < sum(t.mask) <= 12 * n
     assert len(t.token_ids) == len(t.mask) == len(t.logprobs)
     assert e.rewards["agent"] in (0.0, 1.0) and "envsim" in e.rewards
+
+
+def test_a_trained_environment_simulator_has_a_placement_of_its_own():
+    """Under torchrun every trained model is placed on ranks of its own (``parallel.<owner>``): a trainable
+    envsim is one, beside the agent and the partner (tests/dist runs it on two ranks)."""
+    from scope.config import parse_config
+    from scope.parallel import owners_of, ranks_of
+
+    root = shared_path("data", "tau2")
+    cfg = parse_config({"models": {"policy": {"path": "tiny-random"}},
+                        "agent": {"model": "policy", "trainable": True},
+                        "envsim": {"model": "policy", "trainable": True},
+                        "env": {"name": "tau2_retail", "options": {"data_dir": root, "tools": "simulated"}},
+                        "parallel": {"agent": {"ranks": [0]}, "envsim": {"ranks": [1], "strategy": "fsdp"}}})
+    assert owners_of(cfg) == ["agent", "envsim"]
+    assert ranks_of(cfg, "agent", 2) == ([0], "ddp") and ranks_of(cfg, "envsim", 2) == ([1], "fsdp")
+    with pytest.raises(ValueError, match=r"parallel.envsim.ranks: \[1\] is not a non-empty subset of the 1 ranks"):
+        ranks_of(cfg, "envsim", 1)

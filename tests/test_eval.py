@@ -280,10 +280,10 @@ def test_the_decomposition_changes_no_training_number(tmp_path):
 
 
 def test_a_panel_plays_every_task_of_the_split_by_default():
-    from scope.envs import get_env
+    from scope.envs.base import get_env
     from scope.config import EnvConfig
     from scope.eval import Panel, panel_jobs
-    from scope.partners.sources import Binding
+    from scope.partners.binding import Binding
     from scope.types import SamplingParams
 
     env = EnvConfig(name="p4g")
@@ -330,9 +330,9 @@ def test_probe_states_are_fixed_and_measure_the_partner_not_the_agent(tmp_path):
     """Modal mass at fixed probe states: the same partner measured at the same states gives the same value
     whichever agent the run has become (visited-state modal mass moves with the agent's rollouts)."""
     from scope.diagnostics import CLASSIFIERS
-    from scope.envs import get_env
+    from scope.envs.base import get_env
     from scope.eval import ProbeStates
-    from scope.partners.sources import Binding
+    from scope.partners.binding import Binding
 
     tasks = {t.id: t for t in get_env("p4g").load_tasks("train")[:4]}
     ids = list(tasks)

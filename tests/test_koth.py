@@ -104,7 +104,7 @@ def test_the_controller_is_parsed_strictly(text, want):
 
 
 def test_the_controller_env_keeps_skills_on_a_bad_answer_and_plays_against_a_partner():
-    from scope.envs import get_env
+    from scope.envs.base import get_env
 
     E = get_env("koth")
     task = E.load_tasks("test")[0]
@@ -126,7 +126,8 @@ def test_the_controller_env_keeps_skills_on_a_bad_answer_and_plays_against_a_par
 
 def test_a_short_tournament_runs_with_an_llm_team(tmp_path):
     from scope.koth import tournament
-    from scope.models.local import ModelRef, load_tokenizer, tiny_backend
+    from scope.models.backend import ModelRef
+    from scope.models.loading import load_tokenizer, tiny_backend
     from scope.partners.binding import Binding
     from scope.types import SamplingParams
 

@@ -6,7 +6,7 @@ import torch
 
 from scope.config import parse_config
 from scope.learner import Learner, LearnerConfig, group_advantages, token_logprobs
-from scope.models.local import load_tokenizer, tiny_backend
+from scope.models.loading import load_tokenizer, tiny_backend
 from scope.run import read_metrics
 from scope.train import train
 from scope.types import Episode, Trace

@@ -9,7 +9,7 @@ import pytest
 
 CHILD = r"""
 import ctypes, sys
-from scope.models.local import load_backend
+from scope.models.loading import load_backend
 from scope.learner import Learner, LearnerConfig
 if sys.argv[1] == "learner":
     b = load_backend("tiny-random"); b.add_lora("a"); Learner(b, "a", LearnerConfig())

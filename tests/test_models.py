@@ -5,7 +5,7 @@ import time
 import pytest
 import torch
 
-from scope.models.local import load_backend, load_tokenizer, tiny_backend
+from scope.models.loading import load_backend, load_tokenizer, tiny_backend
 from scope.types import SamplingParams
 
 
@@ -139,7 +139,7 @@ def test_adapter_switch_gives_peft_s_weights_and_leaves_requires_grad_alone(b):
 
 @pytest.mark.slow
 def test_embedded_smollm2_loads_from_its_dequantized_cache():
-    from scope.models.local import cache_root
+    from scope.models.loading import cache_root
 
     t = time.time()
     eb = load_backend("smollm2-135m")
@@ -236,11 +236,11 @@ def test_folded_gqa_attention_equals_sdpa():
     att[2, :7] = 0
 
     def run():
-        from scope.models.local import _cache_kw, _make_cache
+        from scope.models.decode import cache_kw, make_cache
         with torch.no_grad():
-            cache = _make_cache(2, 13)
-            a = b.model(input_ids=ids, attention_mask=att[:, :12], **{_cache_kw(b.model): cache}, use_cache=True).logits
-            c = b.model(input_ids=ids[:, :1], attention_mask=att, **{_cache_kw(b.model): cache}, use_cache=True).logits
+            cache = make_cache(2, 13)
+            a = b.model(input_ids=ids, attention_mask=att[:, :12], **{cache_kw(b.model): cache}, use_cache=True).logits
+            c = b.model(input_ids=ids[:, :1], attention_mask=att, **{cache_kw(b.model): cache}, use_cache=True).logits
         return a, c
 
     ours = run()

@@ -92,19 +92,3 @@ def test_unseen_panel_members_share_what_the_docs_say_and_nothing_else(panel_pat
     assert panel_path in docs, f"docs/evaluation.md has no row for {os.path.relpath(panel_path, ROOT)}"
     assert same_weights(panel, models, sources) == docs[panel_path], \
         f"{os.path.relpath(panel_path, ROOT)}: docs/evaluation.md lists {sorted(docs[panel_path])} on training weights"
-
-
-def test_same_weights_members_are_marked_in_the_evaluation_table():
-    from scope.eval import markdown
-
-    cfg = load_config(os.path.join(ROOT, "configs", "p4g_mini", "single.yaml"))
-    panel = load_panel(os.path.join(ROOT, "configs", "p4g_mini", "panel.yaml"))
-    from scope.panels import run_sharing
-
-    sh = run_sharing(cfg, panel)
-    per = {p.spec_id(): {"mean": 0.5, "n": 8, "failed": 0, "seen": p.seen, "shares": sh[p.spec_id()].shared()}
-           for p in panel.partners}
-    md = markdown({"per_partner": per, "panel_mean": 0.5, "panel_std": 0.0, "seen_mean": 0.5, "unseen_mean": 0.5})
-    for pid in ("lowercase-texter", "night-nurse", "church-giver"):
-        assert f"| {pid}† | no |" in md
-    assert "| fitted-to-people | no |" in md and "| smol-t0.7 | yes |" in md

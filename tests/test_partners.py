@@ -10,11 +10,12 @@ import sys
 import pytest
 
 from scope.config import parse_config
-from scope.envs import get_env
-from scope.models.local import load_tokenizer, tiny_backend
+from scope.envs.base import get_env
+from scope.models.loading import load_tokenizer, tiny_backend
 from scope.models.openai_backend import OpenAIRef
 from scope.models.server import serve_in_thread
-from scope.partners.sources import Binding, PersonaSource, RotationSource, load_personas
+from scope.partners.binding import Binding
+from scope.partners.sources import PersonaSource, RotationSource, load_personas
 from scope.rollout import Job, run_rollouts
 from scope.run import read_metrics
 from scope.train import train

@@ -128,7 +128,7 @@ def test_genome_expand_check_and_operators():
 
 
 def test_model_mutator_puts_text_only_and_refuses_bad_replies():
-    from scope.partners.sources import Binding
+    from scope.partners.binding import Binding
     from scope.personas.mutate import ModelMutator, clean_reply
     from scope.study.agents import ScriptedRef
     from scope.types import SamplingParams
@@ -150,7 +150,7 @@ def test_model_mutator_puts_text_only_and_refuses_bad_replies():
 
 
 def search_cfg(tmp_path, **search):
-    from scope.personas.search import PersonaSearchConfig
+    from scope.personas.config import PersonaSearchConfig
 
     return PersonaSearchConfig.model_validate({
         "run": {"dir": str(tmp_path / "ps"), "seed": 0},
@@ -191,7 +191,7 @@ def test_search_loop_on_the_tiny_model_checkpoints_resumes_and_writes_a_persona_
 def test_scope_eval_puts_evolved_persona_simulators_on_a_panel(tmp_path):
     from scope.config import EnvConfig
     from scope.eval import Panel, panel_jobs
-    from scope.partners.sources import Binding
+    from scope.partners.binding import Binding
     from scope.types import SamplingParams
 
     f = tmp_path / "personas.json"
@@ -209,7 +209,7 @@ def test_scope_eval_puts_evolved_persona_simulators_on_a_panel(tmp_path):
 def test_shipped_persona_and_study_configs_validate():
     import glob
 
-    from scope.personas.search import load_search_config
+    from scope.personas.config import load_search_config
     from scope.study.config import load_study
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -223,7 +223,7 @@ def test_shipped_persona_and_study_configs_validate():
 
 
 def test_role_play_expansion_through_a_model():
-    from scope.partners.sources import Binding
+    from scope.partners.binding import Binding
     from scope.personas.mutate import expand_with_model
     from scope.study.agents import ScriptedRef
     from scope.types import SamplingParams
@@ -295,7 +295,8 @@ def test_looping_crashing_and_escaping_programs_score_zero_and_the_search_goes_o
 
 
 def test_the_search_runs_on_tau2_retail_with_its_integrity_gate(tmp_path):
-    from scope.personas.search import PersonaSearchConfig, evolve
+    from scope.personas.config import PersonaSearchConfig
+    from scope.personas.search import evolve
 
     cfg = PersonaSearchConfig.model_validate({
         "run": {"dir": str(tmp_path / "ps"), "seed": 0}, "models": {"policy": {"path": "tiny-random"}},

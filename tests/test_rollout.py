@@ -3,8 +3,9 @@ import random
 
 import pytest
 
-from scope.envs import get_env
-from scope.models.local import ModelRef, load_tokenizer, tiny_backend
+from scope.envs.base import get_env
+from scope.models.backend import ModelRef
+from scope.models.loading import load_tokenizer, tiny_backend
 from scope.rollout import Job, run_rollouts
 from scope.types import Episode, SamplingParams
 

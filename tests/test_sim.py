@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import shared_path
-from scope.models.local import load_tokenizer
+from scope.models.loading import load_tokenizer
 from scope.data.p4g import persona_text
 from scope.sim.fit import FitConfig, encode_dialogue, examples, fit, perplexity
 
@@ -18,7 +18,7 @@ def p4g():
 
 
 def test_the_split_is_the_environments_and_the_marker_is_the_actual_gift(p4g):
-    from scope.envs import get_env
+    from scope.envs.base import get_env
     from scope.data.p4g import load_dialogues
 
     train, test = load_dialogues(p4g, "train"), load_dialogues(p4g, "test")
@@ -56,7 +56,7 @@ def small_cfg(p4g, out, **kw):
 
 
 def test_a_small_fit_lowers_held_out_perplexity_and_is_cached(p4g, tmp_path):
-    from scope.models.local import load_backend
+    from scope.models.loading import load_backend
     from scope.models.loading import load_frozen_adapter
     from scope.models.backend import ModelRef
     from scope.data.p4g import load_dialogues

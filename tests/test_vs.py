@@ -27,8 +27,8 @@ class Says:
 
 def _one_vs_turn(partner):
     """One P4G dialogue turn against the ``partner`` binding (the agent an endpoint that says hello)."""
-    from scope.envs import get_env
-    from scope.partners.sources import Binding
+    from scope.envs.base import get_env
+    from scope.partners.binding import Binding
     from scope.rollout import Job, run_rollouts
     from scope.types import Episode, SamplingParams
 
@@ -116,7 +116,7 @@ def test_prompt_and_schema_mention_k():
 
 def test_the_vs_request_carries_the_length_guide_of_its_binding():
     from scope.config import VSConfig
-    from scope.partners.sources import Binding
+    from scope.partners.binding import Binding
     from scope.types import SamplingParams
 
     seen = []
@@ -176,9 +176,10 @@ def test_runaway_vs_attempts_restart_inside_one_call(monkeypatch):
     from scope import rollout
     from scope.partners import vs
     from scope.config import VSConfig
-    from scope.envs import get_env
-    from scope.models.local import ModelRef, load_tokenizer, tiny_backend
-    from scope.partners.sources import Binding
+    from scope.envs.base import get_env
+    from scope.models.backend import ModelRef
+    from scope.models.loading import load_tokenizer, tiny_backend
+    from scope.partners.binding import Binding
     from scope.types import Episode, SamplingParams
 
     monkeypatch.setattr(vs, "RUNAWAY_CHARS_PER_TOKEN", 0.25)  # a 2-character candidate is a runaway
@@ -286,8 +287,8 @@ def test_starting_with_keeps_the_candidates_that_begin_so_and_renormalises():
 
 def _forced_vs_turns(partner, n=6):
     """The persuadee's last replies of ``n`` one-turn P4G dialogues that force its decision."""
-    from scope.envs import get_env
-    from scope.partners.sources import Binding
+    from scope.envs.base import get_env
+    from scope.partners.binding import Binding
     from scope.rollout import Job, run_rollouts
     from scope.types import Episode, SamplingParams
 
@@ -307,8 +308,9 @@ def test_a_forced_decision_reaches_a_verbalized_sampling_partner():
     of its first candidate and of its fallback, so its decision is never lost to VS."""
     from scope.config import VSConfig
     from scope.envs.p4g import DECISION_PREFIX
-    from scope.models.local import ModelRef, load_tokenizer, tiny_backend
-    from scope.partners.sources import Binding
+    from scope.models.backend import ModelRef
+    from scope.models.loading import load_tokenizer, tiny_backend
+    from scope.partners.binding import Binding
     from scope.types import SamplingParams
 
     says = Says(json.dumps({"responses": [{"text": "No thanks.", "probability": 0.9},

@@ -33,8 +33,8 @@ P, G, AGENT_TOKENS, PARTNER_TOKENS, T, LR, KL, CLIP, R, ALPHA, THREADS = 4, 4, 4
 def workload(d: str, steps: int, seed: int) -> str:
     """The prompts scope's environment gives the agent and the persuadee (the pitch left as a placeholder),
     and the settings, for TRL's side."""
-    from scope.envs import get_env
-    from scope.models.local import materialize_embedded
+    from scope.envs.base import get_env
+    from scope.models.loading import materialize_embedded
 
     cls = get_env("p4g")
     tasks = cls.load_tasks("train", personas="builtin")[:P]

@@ -70,7 +70,7 @@ CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['con
 
 
 def lab_root() -> str:
-    from scope.models.local import cache_root
+    from scope.models.loading import cache_root
 
     return os.path.join(cache_root(), "lab")
 

@@ -177,7 +177,7 @@ def load(configs: str, overrides: list[str] | None = None):
 
 def sample_pitches(cfg, agent, n: int, seed: int) -> list[str]:
     """``n`` pitches from the persuader as the environment asks for them (its prompt, its temperature)."""
-    from scope.envs import get_env
+    from scope.envs.base import get_env
     from scope.eval import fixed_sampling
     from scope.rollout import encode, render
     from scope.types import Task
@@ -196,7 +196,7 @@ def score_pairs(cfg, pairs: list[tuple[str, Any]], sims: dict[str, tuple[Any, di
     """Each (pitch, task) pair under every simulator, the pitch replayed as the persuader's turn: per simulator,
     the agent's reward of each pair (the expected one; the sampled one for a simulator that decides in words;
     nan where the episode failed), the expected amount, and the number of failed episodes."""
-    from scope.envs import get_env
+    from scope.envs.base import get_env
     from scope.eval import ReplayRef, fixed_sampling
     from scope.partners.binding import Binding
     from scope.rollout import Play, make_jobs, run_rollouts
@@ -394,12 +394,12 @@ def fidelity(configs: str, out: str, n_dialogues: int = 48, overrides: list[str]
     from scope.data.p4g import load_dialogues
     from scope.sim.fit import examples, perplexity
 
-    from .fit import system_prompt
+    from .fit import decision_view, system_prompt
 
     os.makedirs(out, exist_ok=True)
     cfg, _, _, sims = load(configs, overrides)
     data_dir = cfg.env.options.get("data_dir")
-    test = [d for d in load_dialogues(data_dir, "test") if d.decision_view() is not None]
+    test = [d for d in load_dialogues(data_dir, "test") if decision_view(d) is not None]
     people = [float(d.donation or 0.0) for d in test]
     cards: dict[str, Any] = {"people": {"n": len(people), "mean": float(np.mean(people)),
                                         "zero_share": float(np.mean([x == 0 for x in people]))}}
@@ -409,7 +409,7 @@ def fidelity(configs: str, out: str, n_dialogues: int = 48, overrides: list[str]
         tok, backend, adapter = b.ref.tokenizer, b.ref.backend, b.ref.adapter
         held = examples(tok, test[:n_dialogues], 512, lambda d: [d.partner_view(system_prompt(d))])
         ppl = perplexity(backend, adapter, held, 512, temperature=b.sampling.temperature)
-        prompts = [encode(tok, render(tok, (d.decision_view() or [])[:2], True) + "[DONATE $") for d in test]
+        prompts = [encode(tok, render(tok, (decision_view(d) or [])[:2], True) + "[DONATE $") for d in test]
         res = b.ref.readout(prompts, b.sampling, _amount_readout())
         vals, wts = [], []
         for r in res:

@@ -121,7 +121,8 @@ def add_personas(sub: argparse._SubParsersAction) -> None:
 
 
 def personas_evolve(args: argparse.Namespace) -> int:
-    from ..personas.search import evolve, load_search_config
+    from ..personas.search import evolve
+    from ..personas.config import load_search_config
 
     if bool(args.config) == bool(args.resume):
         raise UsageError("give --config CONFIG (a new search) or --resume RUN_DIR (continue one)")
@@ -135,7 +136,8 @@ def personas_evolve(args: argparse.Namespace) -> int:
 
 
 def personas_score(args: argparse.Namespace) -> int:
-    from ..personas.search import load_search_config, score_sets
+    from ..personas.config import load_search_config
+    from ..personas.search import score_sets
 
     cfg = load_search_config(args.config, args.set)
     rows = score_sets(cfg, args.personas, dialogues=args.dialogues, seed=args.seed, run_dir=args.run)

@@ -69,7 +69,7 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
 
 
 def serve(args: argparse.Namespace) -> int:
-    from ..models.local import load_backend
+    from ..models.loading import load_backend
     from ..models.server import check_bind, make_server
 
     key = os.environ.get(args.api_key_env) if args.api_key_env else None

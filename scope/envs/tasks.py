@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 def load_tasks(env: EnvConfig, split: str) -> list[Task]:
     """The tasks of ``split``: from ``env.tasks`` where it is set, else the environment's own."""
-    from . import get_env
+    from .base import get_env
 
     env_cls = get_env(env.name)
     if env.tasks is None:

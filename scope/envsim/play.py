@@ -18,7 +18,7 @@ from typing import Any
 
 from ..envs.tau2.db import OverlayDB
 from ..envs.tau2.tools import DOMAINS
-from .samples import _slice, run_call
+from .samples import slice_db, run_call
 from .simulate import SYSTEM, feedback_match, parse, violations
 from .state import BadChange, apply, canon, diff
 
@@ -95,7 +95,7 @@ class SimulatedTools:
         exact = run_call(self.domain, self.env.db, name, args)
         keys = {(t, k) for t, recs in exact["state"].items() for k in recs} | \
                {(t, k) for t, recs in exact["next_state"].items() for k in recs}
-        believed = relevant(_slice(self.state, keys), args)
+        believed = relevant(slice_db(self.state, keys), args)
         self.pending = {"name": name, "args": args, "exact": exact, "state": believed, "repaired": False}
         self.last_name, self.last_args = name, args
         self.env.views["envsim"].append({"role": "user", "content": (

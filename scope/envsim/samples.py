@@ -15,7 +15,8 @@ import random
 from typing import Any, Iterator
 
 from ..envs.tau2.db import OverlayDB
-from ..envs.tau2.tools import DOMAINS, ToolError, call_tool
+from ..envs.tau2.tools import DOMAINS, call_tool
+from ..envs.tau2.tooling import ToolError
 from .state import canon, diff, size
 
 
@@ -52,7 +53,7 @@ def _value(db: OverlayDB, table: str, key: str) -> Any:
     return copy.deepcopy(db.get(table, key)) if db.has(table, key) else None
 
 
-def _slice(db: OverlayDB, keys: set[tuple[str, str]]) -> dict[str, dict[str, Any]]:
+def slice_db(db: OverlayDB, keys: set[tuple[str, str]]) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for t, k in sorted(keys):
         if OverlayDB.has(db, t, k):
@@ -78,7 +79,7 @@ def run_call(domain: str, db: OverlayDB, name: str, args: dict) -> dict[str, Any
     touched = tdb.touched
     snap = OverlayDB(db.base, db.upstream_quirks)
     snap.over = before
-    s0, s1 = _slice(snap, touched), _slice(db, touched)
+    s0, s1 = slice_db(snap, touched), slice_db(db, touched)
     return {"state": s0, "next_state": s1, "feedback": feedback, "changes": diff(s0, s1),
             "failure": failure, "records": sum(len(v) for v in s0.values())}
 

@@ -212,9 +212,9 @@ class ModelSimulator:
         self.name = f"{binding.id}{' (constrained)' if constrained else ''}"
 
     def _ask(self, convs: list[list[dict[str, str]]]) -> list[tuple[str, int]]:
-        from ..rollout import _chat
+        from ..rollout import chat_complete
 
-        outs = _chat(self.binding.ref, convs, self.binding.sampling)
+        outs = chat_complete(self.binding.ref, convs, self.binding.sampling)
         res = []
         for o in outs:
             if isinstance(o, BaseException):

@@ -23,7 +23,7 @@ from typing import Any, Callable
 from ..run import eta
 from ..stats import fmt
 from .records import finished, pack, unpack
-from .spec import GridSpec, Section, hook, read_spec
+from .spec import BeforeHook, GridSpec, Section, SectionHook, hook, read_spec
 
 
 def run_grid(configs: str | GridSpec, out: str, arms: tuple[str, ...] | None = None, seeds: int | None = None,
@@ -104,7 +104,8 @@ def _before(out: str, key: str, path: str, cfg, log: Callable[[str], None]) -> d
     if os.path.exists(saved):
         with open(saved) as f:
             return json.load(f)
-    data = hook(path)(out, cfg, log)
+    fn: BeforeHook = hook(path)
+    data = fn(out, cfg, log)
     with open(saved, "w") as f:
         json.dump(data, f, indent=1)
     return data
@@ -123,7 +124,8 @@ def finish(spec: GridSpec, out: str, arms: list[str], seeds: int, overrides: lis
     results.update(seeds=seeds, threads=torch.get_num_threads(), labels={a: spec.label(a) for a in arms})
     results["sections"] = []
     for path in spec.hooks.sections:
-        section: Section = hook(path)(results, spec)
+        fn: SectionHook = hook(path)
+        section: Section = fn(results, spec)
         results[section.key] = section.data
         results["sections"].append(section.lines)
     return results
@@ -144,7 +146,7 @@ def same_weights(spec: GridSpec, arms: list[str], overrides: list[str]) -> set[s
 
 
 def write_outputs(out: str, results: dict[str, Any]) -> None:
-    from ..envs import get_env
+    from ..envs.base import get_env
     from .dialogues import dialogue_cards
     from .table import table
 

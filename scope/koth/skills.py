@@ -142,7 +142,7 @@ def settings_hash() -> str:
 
 
 def cache_dir() -> str:
-    from ..models.local import cache_root
+    from ..models.loading import cache_root
 
     return os.path.join(cache_root(), "koth", settings_hash())
 

@@ -71,7 +71,7 @@ def llm_games(agent, opponent: str, games: int, seed: int, partner=None, every: 
               bad: list[int] | None = None, parse: str = "strict") -> list[float]:
     """An LLM controller (``agent``: a Binding) against ``opponent`` (a fixed team, or ``partner``: another
     LLM binding), through the koth environment; results for the agent."""
-    from ..envs import get_env
+    from ..envs.base import get_env
     from ..rollout import Play, make_jobs, run_rollouts
     from ..types import Episode, Task
 

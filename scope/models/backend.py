@@ -17,7 +17,7 @@ import torch
 
 from ..types import Completion, Readout, ReadoutResult, SamplingParams
 from . import attention as _attention
-from .decode import _cache_kw, _common_prefix, _decode, _KVEntry, _make_cache, _n_layers
+from .decode import cache_kw, common_prefix, decode_batch, KVEntry, make_cache, n_layers
 
 
 class LocalBackend:
@@ -40,7 +40,7 @@ class LocalBackend:
             raise ValueError(f"model {name!r}: tokenizer has no eos token; cannot tell where a turn ends")
         self.eos_ids = sorted(eos)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
-        self.kv_store: OrderedDict[Any, _KVEntry] = OrderedDict()
+        self.kv_store: OrderedDict[Any, KVEntry] = OrderedDict()
         self.kv_budget_tokens = kv_budget_tokens
         self.model.eval()
         _attention.install(self.model)  # GQA attention without copying the KV cache (CPU sampling only)
@@ -190,15 +190,15 @@ class LocalBackend:
         if not prompts:
             return []
         version = self.versions.get(adapter, 0)
-        reuse: list[tuple[_KVEntry, int] | None] = []
+        reuse: list[tuple[KVEntry, int] | None] = []
         for i, p in enumerate(prompts):
             e = self.kv_store.get(sessions[i]) if sessions is not None and sessions[i] is not None else None
-            n = (_common_prefix(e.ids, p, len(p) - 1)
+            n = (common_prefix(e.ids, p, len(p) - 1)
                  if e is not None and e.adapter == adapter and e.version == version else 0)
             reuse.append((e, n) if e is not None and n > 0 else None)
         with self.using(adapter) as model, self.packed.active(model):
             self._share_prefix(model, prompts, reuse)
-            outs, kv = _decode(model, self.tokenizer, prompts, sampling, self.eos_ids, self.pad_id,
+            outs, kv = decode_batch(model, self.tokenizer, prompts, sampling, self.eos_ids, self.pad_id,
                                self.generator, reuse, keep_kv=sessions is not None,
                                min_shared=self.min_shared_prefix)
         mid = f"{self.name}:{adapter or 'base'}"
@@ -207,7 +207,7 @@ class LocalBackend:
             if sessions is not None and sessions[i] is not None:
                 self.kv_store.pop(sessions[i], None)
                 ids, layers, shared = kv[i]
-                self.kv_store[sessions[i]] = _KVEntry(ids, layers, adapter, version, shared)
+                self.kv_store[sessions[i]] = KVEntry(ids, layers, adapter, version, shared)
         self._evict()
         return outs
 
@@ -218,7 +218,7 @@ class LocalBackend:
         """The exact distribution over the decision each prompt's reply states (``Readout``), at the sampling
         temperature, and one reply sampled from it (:mod:`.readout`). Top-p is not applied: a readout with
         ``top_p < 1`` is an error."""
-        from .readout import _Classes, readout as _readout
+        from .readout import TokenClasses, readout as _readout
 
         if sampling.top_p < 1.0:
             raise ValueError(f"model {self.name!r}: a decision readout samples the full distribution; "
@@ -226,7 +226,7 @@ class LocalBackend:
         if not prompts:
             return []
         if getattr(self, "_classes", None) is None:
-            self._classes = _Classes(self.tokenizer, self.model.get_output_embeddings().weight.shape[0])
+            self._classes = TokenClasses(self.tokenizer, self.model.get_output_embeddings().weight.shape[0])
         version = self.versions.get(adapter, 0)
         shared, start, saves, weights = self._split_plan(adapter)
         with self.using(adapter) as model, self.packed.active(model):
@@ -280,14 +280,14 @@ class LocalBackend:
         first = prompts[fresh[0]]
         n = min(len(prompts[i]) for i in fresh) - 1
         for i in fresh[1:]:
-            n = _common_prefix(first, prompts[i], n)
+            n = common_prefix(first, prompts[i], n)
         if n < self.min_shared_prefix:
             return
         device = next(model.parameters()).device
-        cache = _make_cache(_n_layers(model), n)
-        model(input_ids=torch.tensor([first[:n]], device=device), **{_cache_kw(model): cache}, use_cache=True,
+        cache = make_cache(n_layers(model), n)
+        model(input_ids=torch.tensor([first[:n]], device=device), **{cache_kw(model): cache}, use_cache=True,
               logits_to_keep=1)
-        entry = _KVEntry(list(first[:n]), [[(layer.slab_kt[0, :, :, :n], layer.slab_v[0, :, :n])]
+        entry = KVEntry(list(first[:n]), [[(layer.slab_kt[0, :, :, :n], layer.slab_v[0, :, :n])]
                                            for layer in cache.layers],
                          None, -1)
         for i in fresh:

@@ -17,7 +17,7 @@ from ..types import Completion, SamplingParams
 from . import attention as _attention
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
+def common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
     """Length of the common prefix of ``a`` and ``b``, at most ``limit``."""
     n = min(len(a), len(b), limit)
     if n <= 0:
@@ -31,7 +31,7 @@ def _common_prefix(a: Sequence[int], b: Sequence[int], limit: int) -> int:
 
 
 @dataclass
-class _KVEntry:
+class KVEntry:
     ids: list[int]
     # per layer, in order, pieces of keys transposed [heads, head_dim, len] (the slab's layout, so
     # copies run along len) and values [heads, len, head_dim] that together cover ids[self.start:]
@@ -40,14 +40,14 @@ class _KVEntry:
     adapter: str | None
     version: int
     # an entry that holds ids[:self.start] once for many sessions (their common system prompt)
-    shared: "_KVEntry | None" = None
+    shared: "KVEntry | None" = None
 
     @property
     def start(self) -> int:
         return len(self.shared.ids) if self.shared is not None else 0
 
     @property
-    def root(self) -> "_KVEntry":
+    def root(self) -> "KVEntry":
         return self.shared if self.shared is not None else self
 
     def pieces(self, li: int, a: int, b: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -166,7 +166,7 @@ def base_model(model):
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
-def _cache_kw(model) -> str:
+def cache_kw(model) -> str:
     """The forward argument that takes a key/value cache: ``cache`` in recent transformers, which warn on
     the older ``past_key_values`` (still the only name in older releases)."""
     kind = type(base_model(model))
@@ -175,19 +175,19 @@ def _cache_kw(model) -> str:
     return _CACHE_KW[kind]
 
 
-def _make_cache(n_layers: int, cap: int):
+def make_cache(layers: int, cap: int):
     from transformers.cache_utils import Cache
 
     cls = _slab_layer_class()
-    return Cache(layers=[cls(cap) for _ in range(n_layers)])
+    return Cache(layers=[cls(cap) for _ in range(layers)])
 
 
-def _n_layers(model) -> int:
+def n_layers(model) -> int:
     cfg = model.config
     return int(getattr(cfg, "num_hidden_layers", None) or cfg.get_text_config().num_hidden_layers)
 
 
-def _decode(model, tokenizer, prompts, sp: SamplingParams, eos_ids, pad_id, gen, reuse, keep_kv,
+def decode_batch(model, tokenizer, prompts, sp: SamplingParams, eos_ids, pad_id, gen, reuse, keep_kv,
             min_shared: int = 32):
     """Batched sampling. ``reuse[i]`` is None or (cache entry, n): the first n prompt tokens of row i
     are taken from the entry. Returns completions and, per row, (ids covered, per-layer k/v of the
@@ -199,7 +199,7 @@ def _decode(model, tokenizer, prompts, sp: SamplingParams, eos_ids, pad_id, gen,
     g = _Plan.of(model, prompts, reuse, min_shared, device)
     reused_width, prompt_width, own, deltas, rows = g.reused_width, g.prompt_width, g.own, g.deltas, g.rows
     cap = reused_width + prompt_width + sp.max_new_tokens
-    cache = _make_cache(_n_layers(model), cap)
+    cache = make_cache(n_layers(model), cap)
     ids, pos, att = _slab_inputs(deltas, g.cached, own, reused_width, prompt_width, cap, pad_id, device)
     if reused_width > 0:
         _fill_reused(cache, reuse, rows, own, g.cached, deltas, reused_width, prompt_width, g.n_shared, device)
@@ -278,7 +278,7 @@ def _decode(model, tokenizer, prompts, sp: SamplingParams, eos_ids, pad_id, gen,
         att[:, cur] = 1
         cur += 1
         logits = model(input_ids=tok[:, None], attention_mask=att[:, :cur], position_ids=next_pos[:, None],
-                       **{_cache_kw(model): cache}, use_cache=True, logits_to_keep=1, **g.prefix).logits[:, -1, :]
+                       **{cache_kw(model): cache}, use_cache=True, logits_to_keep=1, **g.prefix).logits[:, -1, :]
         next_pos = next_pos + 1
     if keep_kv:  # the rows still in the slab keep views of it (the slab lives as long as their sessions),
         # or copies where they fill less than half of it (compaction leaves the slab its first size)
@@ -304,7 +304,7 @@ def _shared_prefix(model, reuse, cached: list[int], min_shared: int):
               if n_shared and root is not None else {})
     # a row diverges inside the shared entry: the sessions share its first n_shared tokens
     if n_shared and root is not None and n_shared < len(root.ids):
-        root = _KVEntry(root.ids[:n_shared], [[kv] for kv in prefix["scope_prefix"]], root.adapter, root.version)
+        root = KVEntry(root.ids[:n_shared], [[kv] for kv in prefix["scope_prefix"]], root.adapter, root.version)
     return root, n_shared, prefix
 
 
@@ -349,7 +349,7 @@ def _prefill(model, cache, rows, deltas, r, ids, att, pos, prompt_width: int, cu
                 layer._views()
         parts.append(model(input_ids=ids[rr, prompt_width - w:], attention_mask=att[rr, :cur],
                            position_ids=pos[rr, prompt_width - w:],
-                           **{_cache_kw(model): cache}, use_cache=True, logits_to_keep=1, **prefix).logits[:, -1, :])
+                           **{cache_kw(model): cache}, use_cache=True, logits_to_keep=1, **prefix).logits[:, -1, :])
         s0 = s1
     for layer in cache.layers:
         layer.rows, layer.n = slice(None), cur
@@ -372,7 +372,7 @@ def _compaction(done: list[bool]) -> list[int]:
 @dataclass
 class _Plan:
     """Where each row's tokens go in the slab. When every row's cache starts with the same shared entry
-    (``_KVEntry.shared``), its first ``n_shared`` tokens stay out of the slab: the attention gets them once for all
+    (``KVEntry.shared``), its first ``n_shared`` tokens stay out of the slab: the attention gets them once for all
     rows (``attention.py``, through ``prefix``). Each row in the slab: [reused tokens after n_shared, right-aligned
     at reused_width][prompt rest, right-aligned at reused_width + prompt_width][sampled tokens]; the gaps are masked
     out and position ids count all real tokens (n_shared included). Rows with the same prompt and cached prefix

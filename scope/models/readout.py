@@ -7,7 +7,7 @@ tokens whose text settles the decision are summed per decision, and the tokens t
 fed on together in one forward pass (each node's key/values taken once per open token). The walk stops at
 ``Readout.max_tokens``.
 Which tokens settle what depends only on the text before them, so the tokens are sorted once per text
-and kept (``_Classes``).
+and kept (``TokenClasses``).
 
 A panel reads the same prompts under several simulators that share one base model: adapters fitted on the
 top layers only (``lora.top_layers``), or the base itself at another temperature. ``Shared`` keeps,
@@ -28,7 +28,7 @@ from ..types import Completion, Readout, ReadoutResult
 from .decode import base_model
 
 
-class _Classes:
+class TokenClasses:
     """Per backend: each token's text, and for each (readout, text so far, final) the token ids grouped by
     the decision they settle, plus the ids that leave it open."""
 
@@ -66,14 +66,14 @@ def _run(model, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, 
     real tokens, or a boolean [B, 1, q, cached + q] of what each query attends to); the output layer is
     applied only at each row's positions ``last`` [B, j]. Returns (logits [B, j, vocab], the new cache).
     With ``split``, the chunk's pass number ``step`` runs layer by layer (``_layers``)."""
-    from .decode import _cache_kw
+    from .decode import cache_kw
 
     dec, head = _parts(model)
     if split is not None:
         h, new = _layers(dec, ids, mask, positions, cache, split, step)
         h = dec.norm(h)[torch.arange(ids.shape[0], device=ids.device)[:, None], last]
         return head(h), new
-    kw = {_cache_kw(model): cache} if cache is not None else {}
+    kw = {cache_kw(model): cache} if cache is not None else {}
     out = dec(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **kw)
     h = out.last_hidden_state[torch.arange(ids.shape[0], device=ids.device)[:, None], last]
     new = out.cache if "cache" in out else out.past_key_values
@@ -110,7 +110,7 @@ def _layers(dec, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
     return h, cache
 
 
-def _select(model, cache, rows: torch.Tensor):
+def select_cache_rows(model, cache, rows: torch.Tensor):
     """A new cache holding the given rows of ``cache`` (a row may be taken several times; layers a split pass
     did not run stay empty)."""
     from transformers import DynamicCache
@@ -151,10 +151,10 @@ def splittable(model) -> bool:
     """Whether the decoder's forward is one this module runs layer by layer as it does itself (Llama's)."""
     from transformers.models.llama.modeling_llama import LlamaModel
 
-    from .decode import _cache_kw
+    from .decode import cache_kw
 
     dec, _ = _parts(model)
-    return type(dec) is LlamaModel and _cache_kw(model) == "cache"
+    return type(dec) is LlamaModel and cache_kw(model) == "cache"
 
 
 class _Split:
@@ -176,7 +176,7 @@ def _logp(logits: torch.Tensor, temperature: float) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def readout(model, classes: _Classes, prompts: list[list[int]], temperature: float, spec: Readout,
+def readout(model, classes: TokenClasses, prompts: list[list[int]], temperature: float, spec: Readout,
             generator: torch.Generator, pad_id: int, batch: int = 32, shared: Shared | None = None,
             start: int = 0, saves: frozenset[int] | set[int] = frozenset(), weights: tuple = ()
             ) -> list[ReadoutResult]:
@@ -198,7 +198,7 @@ def readout(model, classes: _Classes, prompts: list[list[int]], temperature: flo
     return out
 
 
-def _tree(classes: _Classes, spec: Readout) -> list[tuple[int, int, str]]:
+def _tree(classes: TokenClasses, spec: Readout) -> list[tuple[int, int, str]]:
     """The continuations that leave the decision open, up to ``max_tokens - 1`` tokens deep, as nodes
     (parent index, -1 for the root; token; text), parents first. Which token leaves it open depends only on
     the text before it, so the tree is the same for every prompt; at most ``max_nodes`` nodes."""
@@ -217,7 +217,7 @@ def _tree(classes: _Classes, spec: Readout) -> list[tuple[int, int, str]]:
     return out
 
 
-def _chunk(model, classes: _Classes, prompts: list[list[int]], temperature: float, spec: Readout,
+def _chunk(model, classes: TokenClasses, prompts: list[list[int]], temperature: float, spec: Readout,
            generator: torch.Generator, pad_id: int, split: _Split | None = None) -> list[ReadoutResult]:
     device = next(model.parameters()).device
     b = len(prompts)
@@ -240,7 +240,7 @@ def _chunk(model, classes: _Classes, prompts: list[list[int]], temperature: floa
         head = torch.tensor([prompts[0][:n]], device=device)
         _, pre = _run(model, head, torch.ones_like(head), torch.arange(n, device=device)[None], None,
                       torch.tensor([[n - 1]], device=device), split, 0)
-        cache = _select(model, pre, torch.zeros(b, dtype=torch.long, device=device))
+        cache = select_cache_rows(model, pre, torch.zeros(b, dtype=torch.long, device=device))
     mask = torch.cat([torch.ones(b, n, dtype=torch.bool, device=device), own], 1)
     logits, cache = _run(model, ids, mask.long(), (n + torch.arange(width, device=device))[None].expand(b, -1), cache,
                          (lens - 1)[:, None], split, 1)
@@ -265,7 +265,7 @@ def _chunk(model, classes: _Classes, prompts: list[list[int]], temperature: floa
     return [_read(classes, spec, tree, lps[r], generator) for r in range(b)]
 
 
-def _read(classes: _Classes, spec: Readout, tree: list[tuple[int, int, str]], lps: list[torch.Tensor],
+def _read(classes: TokenClasses, spec: Readout, tree: list[tuple[int, int, str]], lps: list[torch.Tensor],
           generator: torch.Generator) -> ReadoutResult:
     """A row's decision distribution from its nodes' next-token log-probs (``lps[0]`` the root's, ``lps[i + 1]``
     tree node i's), and one reply drawn from the same distributions."""

@@ -35,7 +35,7 @@ from fastapi import FastAPI, Request  # module level: the route signatures' anno
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from ..types import SamplingParams
-from .local import LocalBackend
+from .backend import LocalBackend
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 MAX_BODY_BYTES = 1 << 20

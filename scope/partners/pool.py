@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ..models.local import LocalBackend, ModelRef
+from ..models.backend import LocalBackend, ModelRef
 from ..types import Task
 from .binding import Binding
 from .registry import SourceContext

@@ -14,11 +14,11 @@ from typing import Any, Callable
 
 from ..config import Config
 from ..contracts import ModelHandle
-from ..models.local import ModelRef
+from ..models.backend import ModelRef
 from ..registry import Registry
 from .registry import PARTNER_SOURCES, SourceContext
 from ..types import Task
-from .binding import Binding, PartnerSource, spec_binding, spec_sampling  # noqa: F401 - re-exported: what sources hand out
+from .binding import Binding, PartnerSource, spec_binding
 
 BUILTIN_PERSONAS = os.path.join(os.path.dirname(__file__), "data", "partner_personas.json")
 

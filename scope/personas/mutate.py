@@ -52,7 +52,7 @@ class ModelMutator(StructuralMutator):
         self.stats.update(rewrites=0, refused=0, failed=0)
 
     def __call__(self, pairs: list[tuple[Genome, Genome | None]], rng: random.Random) -> list[Genome]:
-        from ..rollout import _chat
+        from ..rollout import chat_complete
 
         children = super().__call__(pairs, rng)
         asks: list[str] = []
@@ -71,7 +71,7 @@ class ModelMutator(StructuralMutator):
                 where.append((i, ai, key))
         if not asks:
             return children
-        outs = _chat(self.binding.ref, [[{"role": "user", "content": q}] for q in asks], self.binding.sampling)
+        outs = chat_complete(self.binding.ref, [[{"role": "user", "content": q}] for q in asks], self.binding.sampling)
         for (i, j, key), out in zip(where, outs):
             if isinstance(out, BaseException):
                 self.stats["failed"] += 1
@@ -107,11 +107,11 @@ def expand_with_model(personas: list[dict[str, Any]], binding: Any, stats: dict[
     """Role-play expansion through a model: each persona's assembled instructions rewritten as a short
     character description (``text``; the template's text is kept in ``template_text``). A failed or
     refused reply keeps the template's text, counted in ``stats``."""
-    from ..rollout import _chat
+    from ..rollout import chat_complete
 
     stats = stats if stats is not None else {}
-    outs = _chat(binding.ref, [[{"role": "user", "content": EXPAND_PROMPT.format(text=p["text"])}] for p in personas],
-                 binding.sampling)
+    outs = chat_complete(binding.ref, [[{"role": "user", "content": EXPAND_PROMPT.format(text=p["text"])}]
+                                       for p in personas], binding.sampling)
     res = []
     for p, out in zip(personas, outs):
         text = None if isinstance(out, BaseException) else clean_reply(out.text)

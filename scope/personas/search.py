@@ -22,7 +22,7 @@ import yaml
 
 from ..config import ConfigError
 from ..run import eta
-from .config import PersonaSearchConfig, load_search_config  # noqa: F401 - load_search_config: callers' name
+from .config import PersonaSearchConfig
 from .features import FEATURES, fingerprint, load_p4g_humans, turn_features
 from .fitness import HumanLikeness, Standardizer, auc, density_coverage, p4g_integrity, tau2_integrity
 from .genome import Genome, domain_of, seed_genomes
@@ -34,7 +34,7 @@ class Evaluator:
 
     def __init__(self, cfg: PersonaSearchConfig, refs: dict[str, Any] | None = None, classifier_state=None,
                  log: Callable[[str], None] = print, split: str = "train"):
-        from ..envs import get_env
+        from ..envs.base import get_env
         from ..models.loading import frozen_refs
         from ..partners.binding import spec_binding
 
@@ -216,7 +216,7 @@ class ProgramMutator:
         self.stats = {"structural": 0, "rewrites": 0, "unusable": 0}
 
     def __call__(self, pairs: list, rng: random.Random) -> list:
-        from ..rollout import _chat
+        from ..rollout import chat_complete
         from .program import REWRITE_PROMPT, extract_program, mutate_program
 
         out: list = []
@@ -228,7 +228,7 @@ class ProgramMutator:
             self.stats["structural"] += 1
         if asks:
             convs = [[{"role": "user", "content": REWRITE_PROMPT.format(source=p.source)}] for _, p in asks]
-            for (i, p), c in zip(asks, _chat(self.binding.ref, convs, self.binding.sampling)):
+            for (i, p), c in zip(asks, chat_complete(self.binding.ref, convs, self.binding.sampling)):
                 src = None if isinstance(c, BaseException) else extract_program(c.text)
                 if src is None:
                     self.stats["unusable"] += 1

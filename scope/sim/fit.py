@@ -217,7 +217,7 @@ def perplexity(backend, adapter: str | None, data: list[tuple[list[int], list[in
 
 def fit(cfg: FitConfig, log: Callable[[str], None] = print, progress: bool = True) -> dict[str, Any]:
     """Fit (or reuse, or resume) the simulator; returns fit.json's content."""
-    from ..models.local import load_backend
+    from ..models.loading import load_backend
     from ..run import publish_dir, save_weights
 
     views = load_views(cfg.examples)  # before anything is loaded: a bad path is the user's to fix

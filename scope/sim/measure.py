@@ -36,7 +36,7 @@ def donation_stats(xs: list[float], humans: list[float]) -> dict[str, float]:
 
 def play_donations(agent, sim, tasks, options: dict, seed: int, max_context: int) -> list[float | None]:
     """The donation of each task's persona played by ``sim`` against ``agent`` (None: no marker)."""
-    from ..envs import get_env
+    from ..envs.base import get_env
     from ..rollout import Play, make_jobs, run_rollouts
     from ..types import Episode
 
@@ -52,7 +52,7 @@ def measure(adapter: str, model: str = "smollm2-135m", data_dir: str | None = No
     from ..config import ModelConfig, PartnerSpec
     from ..eval import fixed_sampling
     from ..models.loading import frozen_refs
-    from ..envs import get_env
+    from ..envs.base import get_env
     from ..partners.binding import spec_binding
     from ..personas.config import load_search_config
     from ..personas.search import Evaluator

@@ -15,7 +15,7 @@ import threading
 from typing import Any
 
 from ..config import ConfigError
-from ..envs import get_env
+from ..envs.base import get_env
 from ..partners.binding import Binding
 from ..types import Completion, SamplingParams
 from .config import AgentSpec, StudyConfig, TaskType
@@ -110,7 +110,7 @@ class StudyAgent:
         endpoint (``stream: true``); a scripted reply arrives whole."""
         import dataclasses
 
-        from ..rollout import _chat
+        from ..rollout import chat_complete
 
         prefix = env.reply_prefix("agent")
         ref, sp = self.binding.ref, self.binding.sampling
@@ -120,7 +120,7 @@ class StudyAgent:
             else:
                 if on_text is not None and not getattr(ref, "chat", False):  # a local model: after each token
                     sp = dataclasses.replace(sp, stop_fn=lambda text: on_text(prefix + text) or False)
-                out = _chat(ref, [env.views["agent"]], sp, prefix=prefix)[0]
+                out = chat_complete(ref, [env.views["agent"]], sp, prefix=prefix)[0]
         if isinstance(out, BaseException):
             raise out
         if on_text is not None:  # the whole reply (a scripted one arrives only now; a streamed one is complete)

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from . import store
-from ..stats import bootstrap_ci, fisher, holm, welch  # noqa: F401 - the study's tests, re-exported
+from ..stats import bootstrap_ci, fisher, fmt, holm, welch
 from .config import kind_of
 from .survey import composite, items
 
@@ -41,7 +41,7 @@ def tau2_grade(sess: store.StudySession, turns: list[store.Turn]) -> dict[str, A
     """Replay the stored turns in a fresh tau2 environment and grade them as training does."""
     import random
 
-    from ..envs import get_env
+    from ..envs.base import get_env
     from .service import replay
 
     env_cls = get_env(sess.env)
@@ -143,10 +143,6 @@ def analyze(rows: list[dict[str, Any]], conditions: list[str], comparisons: list
 
 
 # ---- report ---------------------------------------------------------------------------------------------
-def _f(x: float, nd: int = 3) -> str:
-    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{nd}f}"
-
-
 def markdown(res: dict[str, Any], conditions: list[str]) -> str:
     lines = ["# Human study: results", ""]
     for tt, r in res["task_types"].items():
@@ -157,15 +153,16 @@ def markdown(res: dict[str, Any], conditions: list[str]) -> str:
             cells = []
             for c in conditions:
                 s = r["summary"][c][o]
-                cells.append(f"{_f(s['mean'])} [{_f(s['ci'][0])}, {_f(s['ci'][1])}] ({s['n']})")
+                cells.append(f"{fmt(s['mean'])} [{fmt(s['ci'][0])}, {fmt(s['ci'][1])}] ({s['n']})")
             lines.append(f"| {o}{' *' if o in r['preregistered'] else ''} | " + " | ".join(cells) + " |")
         lines += ["", "\\* pre-registered. Tests (Welch's t; Fisher's exact for binary outcomes); Holm-Bonferroni "
                   "over the pre-registered ones:", "",
                   "| outcome | comparison | diff | test | statistic | p | p (Holm) |", "|---|---|---|---|---|---|---|"]
         for t in sorted(r["tests"], key=lambda t: (not t["preregistered"], t["outcome"])):
-            stat = f"t={_f(t['t'], 2)}, df={_f(t['df'], 1)}" if t["test"] == "welch" else f"OR={_f(t['odds_ratio'], 2)}"
-            lines.append(f"| {t['outcome']} | {t['a']} vs {t['b']} | {_f(t['diff'])} | {t['test']} | {stat} | "
-                         f"{_f(t['p'], 4)} | {_f(t.get('p_holm', float('nan')), 4)} |")
+            stat = (f"t={fmt(t['t'], 2)}, df={fmt(t['df'], 1)}" if t["test"] == "welch"
+                    else f"OR={fmt(t['odds_ratio'], 2)}")
+            lines.append(f"| {t['outcome']} | {t['a']} vs {t['b']} | {fmt(t['diff'])} | {t['test']} | {stat} | "
+                         f"{fmt(t['p'], 4)} | {fmt(t.get('p_holm', float('nan')), 4)} |")
         lines.append("")
     return "\n".join(lines)
 

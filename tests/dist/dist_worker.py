@@ -34,7 +34,7 @@ def batch(tokenizer_len: int, n: int = 6, seed: int = 3, shared: int = 0):
 
 def learner_parts(finetune: str, micro_batch_tokens: int = 40):
     from scope.learner import LearnerConfig
-    from scope.models.local import load_tokenizer, tiny_backend
+    from scope.models.loading import load_tokenizer, tiny_backend
 
     b = tiny_backend(load_tokenizer("smollm2-135m"), seed=0)
     adapter = None
@@ -47,10 +47,10 @@ def learner_parts(finetune: str, micro_batch_tokens: int = 40):
 
 
 def trained(backend, adapter):
-    from scope.parallel import _named_trainable
+    from scope.parallel import named_trainable
 
     return {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
-            for n, p in _named_trainable(backend.model, adapter)}
+            for n, p in named_trainable(backend.model, adapter)}
 
 
 def main(spec_path: str) -> None:

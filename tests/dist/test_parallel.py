@@ -165,6 +165,38 @@ def test_cotraining_with_agent_and_simulator_on_disjoint_ranks_equals_one_proces
     assert os.path.isdir(two / ck / "dist_agent") and os.path.isdir(two / ck / "dist_partner")
 
 
+def test_a_trained_environment_simulator_on_its_own_rank_equals_one_process(tmp_path):
+    """A trainable ``envsim`` (tau2 with simulated tools) is a trained model like the partner: with the agent on
+    rank 0 and the simulator on rank 1 (``parallel.envsim``) it trains as in one process."""
+    shared = os.path.join(HERE, "..", "..", "..", "shared", "data", "tau2")
+    if not os.path.isdir(shared):
+        pytest.skip(f"{shared} is missing")
+
+    def cfg(run_dir, parallel=None):
+        data = {"run": {"dir": str(run_dir), "save_every": 1, "progress": False},
+                "models": {"policy": {"path": "tiny-random", "lora": {"r": 4, "alpha": 8}}},
+                "agent": {"model": "policy", "trainable": True, "max_new_tokens": 8},
+                "partner": {"model": "policy", "max_new_tokens": 8},
+                "envsim": {"model": "policy", "trainable": True, "max_new_tokens": 16},
+                "env": {"name": "tau2_retail", "options": {"data_dir": os.path.abspath(shared), "tools": "simulated",
+                                                            "max_steps": 6}},
+                "rollout": {"n_tasks": 2, "group_size": 2, "end_on_truncation": False},
+                "train": {"steps": 2, "lr": 1e-2, "micro_batch_tokens": 64}}
+        if parallel is not None:
+            data["parallel"] = parallel
+        return data
+
+    one = tmp_path / "one"
+    train(parse_config(cfg(one)), log=lambda s: None)
+    two = tmp_path / "two"
+    placement = {"agent": {"ranks": [0]}, "envsim": {"ranks": [1]}}
+    codes = launch(str(tmp_path), {"kind": "train", "config": cfg(two, placement)}, name="envsim")
+    assert codes == [0, 0], _logs(str(tmp_path), "envsim", 2)
+    m1, m2 = read_metrics(str(one)), read_metrics(str(two))
+    assert [m["reward_mean"] for m in m1] == pytest.approx([m["reward_mean"] for m in m2], abs=1e-6)
+    assert m2[-1]["rank1/envsim/update_seconds"] > 0 and "envsim/train/trained_sequences" in m2[-1]
+
+
 def test_resume_across_world_sizes(tmp_path):
     """3 steps in one go (one process) against 2 steps then a resume to 3: 2 ranks -> 1 and 1 -> 2 ranks, FSDP2."""
     placement = {"agent": {"strategy": "fsdp"}, "partner": {"strategy": "fsdp"}}
@@ -232,7 +264,7 @@ def test_full_fine_tuning_over_two_ranks_reaches_the_generation_copy(tmp_path):
 
     w1 = load_file(str(one / "checkpoints/step_000002/agent/model.safetensors"))
     w2 = load_file(str(two / "checkpoints/step_000002/agent/model.safetensors"))
-    from scope.models.local import load_tokenizer, tiny_backend
+    from scope.models.loading import load_tokenizer, tiny_backend
 
     w0 = tiny_backend(load_tokenizer("tiny-random"), seed=0).model.state_dict()
     moved = sum(float((w1[k] - w0[k]).abs().sum()) for k in w1)

@@ -83,7 +83,7 @@ def test_pool_members_reach_the_workers(tmp_path):
 def test_a_dead_worker_fails_its_episodes_and_the_step_goes_on(tmp_path):
     import ray
 
-    from scope.distributed import RayRollout
+    from scope.rollout_workers import RayRollout
     from scope.setup import build_models
     from scope.train import TaskSampler, step_jobs
     import random
@@ -91,7 +91,7 @@ def test_a_dead_worker_fails_its_episodes_and_the_step_goes_on(tmp_path):
     c = cfg(tmp_path / "k", 2)
     backends, sources, _ = build_models(c)
     rr = RayRollout(c, backends)
-    from scope.envs import get_env
+    from scope.envs.base import get_env
 
     tasks = get_env("p4g").load_tasks("train")
     jobs = step_jobs(c, TaskSampler(tasks, 0).next(2), sources, 1, random.Random(0))
@@ -118,8 +118,8 @@ def test_sampled_logprobs_from_workers_match_the_learners(tmp_path):
 
     import torch
 
-    from scope.distributed import make_rollout
-    from scope.envs import get_env
+    from scope.rollout_workers import make_rollout
+    from scope.envs.base import get_env
     from scope.learner import Learner, LearnerConfig
     from scope.setup import build_models
     from scope.train import step_jobs

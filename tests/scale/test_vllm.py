@@ -13,7 +13,7 @@ import torch
 pytest.importorskip("vllm")
 
 from scope.config import parse_config  # noqa: E402
-from scope.models.local import load_backend, resolve_model_path  # noqa: E402
+from scope.models.loading import load_backend, resolve_model_path
 from scope.models.vllm_backend import EngineBackend, EngineError, VLLMEngine  # noqa: E402
 from scope.rollout import Job, run_rollouts  # noqa: E402
 from scope.run import read_metrics  # noqa: E402
@@ -127,8 +127,8 @@ def test_training_run_through_the_engine(engine, tmp_path):
 
 
 def test_engine_killed_mid_step_fails_episodes_not_the_step(tmp_path):
-    from scope.envs import get_env
-    from scope.models.local import ModelRef
+    from scope.envs.base import get_env
+    from scope.models.backend import ModelRef
     from scope.types import Episode
     import random
 

@@ -8,7 +8,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from scope.study import store
-from scope.study.analyze import bootstrap_ci, fisher, holm, welch
+from scope.stats import bootstrap_ci, fisher, holm, welch
 from tests.study.helpers import make, say, start, study_cfg
 
 P4G = {"env": "p4g", "split": "test", "options": {"personas": "builtin"}, "max_turns": 2}

@@ -367,7 +367,7 @@ def test_p4g_role_play_card_comes_from_a_real_persuadee(tmp_path):
 def test_the_agents_words_stream_while_they_are_generated_and_the_turn_is_stored_whole(tmp_path, kind):
     """A local model streams token by token, an endpoint (scope serve with stream: true) piece by piece: every
     delta reaches the page before the agent's turn is stored, and the stored turn is the whole reply."""
-    from scope.models.local import load_tokenizer, tiny_backend
+    from scope.models.loading import load_tokenizer, tiny_backend
     from scope.models.server import serve_in_thread
 
     srv = None

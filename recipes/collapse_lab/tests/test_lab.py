@@ -12,7 +12,7 @@ from recipes.collapse_lab.corpus import (AGENT_MIX, CustomerSpec, agent_corpus, 
 from recipes.collapse_lab.env import (ACCEPT, NEEDS, PLANS, REFUSE, STYLES, CollapseLab, classify_reply, need_of,
                                       plan_of, reminder)
 from scope.config import ConfigError, load_config
-from scope.envs import get_env
+from scope.envs.base import get_env
 from scope.partners import vs as vs_mod
 
 

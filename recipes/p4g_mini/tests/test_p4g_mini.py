@@ -68,3 +68,20 @@ def test_the_evolved_personas_reach_the_persuadees_prompt_in_training(tmp_path, 
     monkeypatch.setattr(T, "rollout_records", capture)
     T.train(cfg, log=lambda s: None)
     assert seen and all(any(t in s for t in texts) for s in seen), "an evolved persona is missing from a prompt"
+
+
+def test_same_weights_members_are_marked_in_the_evaluation_table():
+    from scope.config import load_config
+    from scope.eval import load_panel, markdown
+
+    cfg = load_config(os.path.join(CONFIGS, "single.yaml"))
+    panel = load_panel(os.path.join(CONFIGS, "panel.yaml"))
+    from scope.panels import run_sharing
+
+    sh = run_sharing(cfg, panel)
+    per = {p.spec_id(): {"mean": 0.5, "n": 8, "failed": 0, "seen": p.seen, "shares": sh[p.spec_id()].shared()}
+           for p in panel.partners}
+    md = markdown({"per_partner": per, "panel_mean": 0.5, "panel_std": 0.0, "seen_mean": 0.5, "unseen_mean": 0.5})
+    for pid in ("lowercase-texter", "night-nurse", "church-giver"):
+        assert f"| {pid}† | no |" in md
+    assert "| fitted-to-people | no |" in md and "| smol-t0.7 | yes |" in md

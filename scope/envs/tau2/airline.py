@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 from .db import OverlayDB
-from .tooling import S, Tool, ToolError, _calculate, _transfer
+from .tooling import S, Tool, ToolError, calculate_tool, transfer_tool
 
 
 NOW = "2024-05-15T15:00:00"
@@ -252,7 +252,7 @@ AIRLINE_TOOLS = [
          ["user_id", "origin", "destination", "flight_type", "cabin", "flights", "passengers", "payment_methods",
           "total_baggages", "nonfree_baggages", "insurance"], a_book_reservation),
     Tool("calculate", "generic", "Calculate a mathematical expression (numbers, + - * / and parentheses).",
-         {"expression": S}, ["expression"], _calculate),
+         {"expression": S}, ["expression"], calculate_tool),
     Tool("cancel_reservation", "write", "Cancel the whole reservation. Ask the user for explicit confirmation "
          "first.", {"reservation_id": S}, ["reservation_id"], a_cancel_reservation),
     Tool("get_reservation_details", "read", "Get the details of a reservation.", {"reservation_id": S},
@@ -268,7 +268,7 @@ AIRLINE_TOOLS = [
          {"user_id": S, "amount": {"type": "number", "minimum": 0}}, ["user_id", "amount"], a_send_certificate),
     Tool("transfer_to_human_agents", "generic", "Transfer the user to a human agent with a summary. Only if the "
          "user asks for one or the issue cannot be solved with the tools and policy.", {"summary": S}, ["summary"],
-         _transfer),
+         transfer_tool),
     Tool("update_reservation_baggages", "write", "Update the baggage numbers of a reservation. Ask the user for "
          "explicit confirmation first.", {"reservation_id": S, "total_baggages": STRICT_COUNT,
                                           "nonfree_baggages": STRICT_COUNT,

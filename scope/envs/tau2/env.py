@@ -44,7 +44,8 @@ from ...textjson import first_json
 from ...types import Episode, Task
 from ..base import Env, register_env
 from .db import OverlayDB
-from .tools import DOMAINS, ToolError, call_tool
+from .tools import DOMAINS, call_tool
+from .tooling import ToolError
 
 STOP_TOKENS = ("###STOP###", "###TRANSFER###", "###OUT-OF-SCOPE###")
 AGENT_STOP = "###STOP###"

@@ -6,7 +6,7 @@ import json
 from typing import Callable
 
 from .db import OverlayDB
-from .tooling import S, Tool, ToolError, _calculate, _r2, _transfer
+from .tooling import S, Tool, ToolError, calculate_tool, round2, transfer_tool
 
 
 ORDER_OPTIONAL = ("cancel_reason", "exchange_items", "exchange_new_items", "exchange_payment_method_id",
@@ -87,7 +87,7 @@ def r_cancel_pending_order(db, order_id: str, reason: str):
         pm = _retail_payment(db, order["user_id"], p["payment_method_id"])
         if pm["source"] == "gift_card":
             pm = _retail_payment(db, order["user_id"], p["payment_method_id"], write=True)
-            pm["balance"] = _r2(pm["balance"] + p["amount"])
+            pm["balance"] = round2(pm["balance"] + p["amount"])
     order["status"] = "cancelled"
     order["cancel_reason"] = reason
     order["payment_history"].extend(refunds)
@@ -103,7 +103,7 @@ def _validate_swap(db, order_id, item_ids, new_item_ids, payment_method_id, stat
     _check_items(order, item_ids, count_msg)
     diff, variants = _price_diff(db, order, item_ids, new_item_ids, forbid_same, length_msg)
     if round_diff:
-        diff = _r2(diff)
+        diff = round2(diff)
     pm = _retail_payment(db, order["user_id"], payment_method_id)
     if pm["source"] == "gift_card" and pm["balance"] < diff:
         raise ToolError(balance_msg)
@@ -186,7 +186,7 @@ def r_modify_pending_order_items(db, order_id: str, item_ids: list, new_item_ids
                                      "payment_method_id": payment_method_id})
     if pm["source"] == "gift_card":
         pm = _retail_payment(db, order["user_id"], payment_method_id, write=True)
-        pm["balance"] = _r2(pm["balance"] - diff)
+        pm["balance"] = round2(pm["balance"] - diff)
     for old, new, v in zip(item_ids, new_item_ids, variants):
         item = next(it for it in order["items"] if it["item_id"] == old)
         src = variants[-1] if quirks else v
@@ -215,11 +215,11 @@ def r_modify_pending_order_payment(db, order_id: str, payment_method_id: str):
         {"transaction_type": "refund", "amount": amount, "payment_method_id": old_id}])
     if pm["source"] == "gift_card":
         pm = _retail_payment(db, order["user_id"], payment_method_id, write=True)
-        pm["balance"] = _r2(pm["balance"] - amount)
+        pm["balance"] = round2(pm["balance"] - amount)
     old = _retail_payment(db, order["user_id"], old_id)
     if old["source"] == "gift_card":
         old = _retail_payment(db, order["user_id"], old_id, write=True)
-        old["balance"] = _r2(old["balance"] + amount)
+        old["balance"] = round2(old["balance"] + amount)
     return _order_view(order)
 
 
@@ -258,7 +258,7 @@ NEW_ITEMS = {"type": "array", "items": S, "description": "The new item ids, in t
 
 RETAIL_TOOLS = [
     Tool("calculate", "generic", "Calculate a mathematical expression (numbers, + - * / and parentheses), rounded "
-         "to 2 decimal places.", {"expression": S}, ["expression"], _calculate),
+         "to 2 decimal places.", {"expression": S}, ["expression"], calculate_tool),
     Tool("cancel_pending_order", "write", "Cancel a pending order; reason is 'no longer needed' or 'ordered by "
          "mistake'. Payments are refunded: to a gift card at once, to other methods in 5-7 business days. Explain "
          "the cancellation and get the user's explicit confirmation (yes) first.",
@@ -304,5 +304,5 @@ RETAIL_TOOLS = [
          ["order_id", "item_ids", "payment_method_id"], r_return_delivered_order_items),
     Tool("transfer_to_human_agents", "generic", "Transfer the user to a human agent with a summary of their issue. "
          "Only if the user explicitly asks for a human agent, or the issue cannot be solved with the tools and the "
-         "policy.", {"summary": S}, ["summary"], _transfer),
+         "policy.", {"summary": S}, ["summary"], transfer_tool),
 ]

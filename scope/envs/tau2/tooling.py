@@ -66,7 +66,7 @@ def _safe_eval(node: ast.AST) -> float | int:
     raise SyntaxError("invalid syntax")
 
 
-def _calculate(db, expression: str) -> str:
+def calculate_tool(db, expression: str) -> str:
     """tau2's calculator (digits, + - * / . parentheses and spaces; ``**`` is two of its characters), its
     result rounded to 2 places; refused in bounded time where the expression is too long or too large."""
     if not all(c in "0123456789+-*/(). " for c in expression):
@@ -80,11 +80,11 @@ def _calculate(db, expression: str) -> str:
         raise ToolError(str(e) or type(e).__name__) from None
 
 
-def _transfer(db, summary: str) -> str:
+def transfer_tool(db, summary: str) -> str:
     return "Transfer successful"
 
 
-def _r2(x: float) -> float:
+def round2(x: float) -> float:
     return round(x, 2)
 
 

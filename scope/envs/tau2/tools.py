@@ -13,7 +13,7 @@ from typing import Any
 from .airline import AIRLINE_TOOLS
 from .db import OverlayDB
 from .retail import RETAIL_TOOLS
-from .tooling import Tool, ToolError, check_value  # noqa: F401 - the names callers use
+from .tooling import ToolError, check_value
 
 DOMAINS = {"retail": {t.name: t for t in RETAIL_TOOLS}, "airline": {t.name: t for t in AIRLINE_TOOLS}}
 
