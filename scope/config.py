@@ -60,7 +60,16 @@ class ModelConfig(Strict):
     """local: sampled by scope's own decode loop; vllm: the same local weights train, a vLLM engine
     samples (token ids and log-probs back, adapters synced by version); openai: any endpoint (frozen)."""
     path: str = "smollm2-135m"
-    """local: an embedded model name (smollm2-135m), tiny-random, or a transformers checkpoint directory."""
+    """local: an embedded model (smollm2-135m; gemma3-270m, Gemma 3 270M base, with ``scope[gemma]``), a test
+    model (tiny-random, tiny-gemma3), a built model (``<prefix>:<name>``) or a transformers checkpoint directory."""
+    template: Literal["auto", "chat", "plain"] = "auto"
+    """How a conversation is written for this model: ``chat``, its tokenizer's chat template; ``plain``, a plain
+    transcript (``User:`` / ``Assistant:`` lines, a turn ending at the end-of-text token) for a base model with
+    none; ``auto``, the embedded model's own choice (plain for gemma3-270m), else ``chat``."""
+    family: str | None = None
+    """The model family, which panels report apart (unseen members of a training partner's family, and of
+    another); None: derived from the weights (an embedded model's family, a builder's prefix, a checkpoint's
+    ``model_type``, an endpoint's model name)."""
     finetune: Literal["lora", "full"] = "lora"
     """What a trainable role trains: a LoRA adapter on the shared base, or every weight."""
     lora: LoraConfig = LoraConfig()

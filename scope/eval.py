@@ -185,7 +185,8 @@ def evaluate(agent: Binding, panel: Panel, refs: dict[str, Any], env: EnvConfig,
                             "se": sd / math.sqrt(len(ok)) if len(ok) > 1 else float("nan"), "lo": lo, "hi": hi,
                             "truncated": sum(e.status == "truncated" for e in eps)}
         if sharing and p.spec_id() in sharing:
-            per[p.spec_id()]["shares"] = sharing[p.spec_id()].shared()
+            sh = sharing[p.spec_id()]
+            per[p.spec_id()].update(shares=sh.shared(), family=sh.family_name, training_family=sh.family)
     out = summarize(per)
     summaries = [e.summary() for e in episodes]
     cells = cells_of(summaries)
@@ -231,8 +232,13 @@ def _paired(jobs: list[Job], owner: list[PanelEntry], panel: Panel, max_context:
 
 
 GROUPS = {"panel": lambda v: not v.get("control"), "seen": lambda v: v["seen"] and not v.get("control"),
-          "unseen": lambda v: not v["seen"] and not v.get("control"), "control": lambda v: bool(v.get("control"))}
-"""The panel's groups: seen, unseen, both (``panel``), and the evaluation-only controls apart."""
+          "unseen": lambda v: not v["seen"] and not v.get("control"), "control": lambda v: bool(v.get("control")),
+          "unseen_same_family": lambda v: not v["seen"] and not v.get("control") and v.get("training_family") is True,
+          "unseen_other_family": lambda v: not v["seen"] and not v.get("control") and v.get("training_family") is False}
+"""The panel's groups: seen, unseen, both (``panel``), the evaluation-only controls apart, and the unseen members
+of a training simulator's model family and of another (where the evaluation knows the training simulators)."""
+OPTIONAL = ("control", "unseen_same_family", "unseen_other_family")
+"""Groups reported only where the panel has members in them."""
 
 
 def _mean_population_sd(xs: list[float]) -> tuple[float, float]:
@@ -259,7 +265,7 @@ def summarize(per: dict[str, dict[str, Any]]) -> dict[str, Any]:
     out = {"per_partner": per, "panel_mean": m, "panel_std": s}
     for key, sel in GROUPS.items():
         vs = [v for v in per.values() if sel(v)]
-        if key == "control" and not vs:
+        if key in OPTIONAL and not vs:
             continue
         if key != "panel":
             out[f"{key}_mean"] = _mean_population_sd([v["mean"] for v in vs])[0]
@@ -267,30 +273,47 @@ def summarize(per: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def markdown(res: dict[str, Any], title: str = "evaluation") -> str:
-    from .panels import SAME_WEIGHTS_MARK
+def family_marked(per: dict[str, dict[str, Any]]) -> set[str]:
+    """The unseen members to mark with ``SAME_FAMILY_MARK``: all of them, when every one is of a training
+    simulator's model family (none otherwise)."""
+    unseen = {k: v for k, v in per.items() if not v["seen"] and not v.get("control")}
+    if unseen and all(v.get("training_family") is True for v in unseen.values()):
+        return set(unseen)
+    return set()
 
-    f = lambda x: "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3f}"  # noqa: E731
+
+def markdown(res: dict[str, Any], title: str = "evaluation") -> str:
+    from .panels import SAME_FAMILY_MARK, SAME_WEIGHTS_MARK
+    from .stats import fmt as f
+
     iv = lambda r, k: f"[{f(r.get(k + 'lo'))}, {f(r.get(k + 'hi'))}]"  # noqa: E731
-    lines = [f"### {title}", "", "| partner | seen | mean reward | 95% interval (Wilson) | ± s.e. | episodes | "
-             "failed | truncated | shares with the training simulators |", "|---|---|---|---|---|---|---|---|---|"]
-    marked = False
+    lines = [f"### {title}", "", "| partner | seen | family | mean reward | 95% interval (Wilson) | ± s.e. | "
+             "episodes | failed | truncated | shares with the training simulators |", "|---" * 10 + "|"]
+    marked, fam_marked = False, family_marked(res["per_partner"])
     for pid, v in res["per_partner"].items():
         same = "weights" in v.get("shares", [])
         marked |= same and not v["seen"]
         group = "control" if v.get("control") else "yes" if v["seen"] else "no"
-        lines.append(f"| {pid}{SAME_WEIGHTS_MARK if same and not v['seen'] else ''} | {group} | "
+        mark = (SAME_WEIGHTS_MARK if same and not v["seen"] else "") + (SAME_FAMILY_MARK if pid in fam_marked else "")
+        lines.append(f"| {pid}{mark} | {group} | {v.get('family', 'n/a')} | "
                      f"{f(v['mean'])} | {iv(v, '')} | {f(v.get('se'))} | {v['n']} | {v['failed']} | "
                      f"{v.get('truncated', 0)} | {', '.join(v.get('shares', [])) or 'n/a'} |")
     lines += ["", f"panel mean {f(res['panel_mean'])} ± {f(res['panel_std'])} (std across partners), 95% interval "
                   f"{iv(res, 'panel_')}; seen {f(res['seen_mean'])} {iv(res, 'seen_')}; unseen "
                   f"{f(res['unseen_mean'])} {iv(res, 'unseen_')}"
+                  + (f"; unseen of a training family {f(res['unseen_same_family_mean'])} "
+                     f"{iv(res, 'unseen_same_family_')}" if "unseen_same_family_mean" in res else "")
+                  + (f"; unseen of another family {f(res['unseen_other_family_mean'])} "
+                     f"{iv(res, 'unseen_other_family_')}" if "unseen_other_family_mean" in res else "")
                   + (f"; controls (evaluation only, not in the panel mean) {f(res['control_mean'])} "
                      f"{iv(res, 'control_')}" if "control_mean" in res else "")
                   + " (group intervals: bootstrap over the tasks, the same resample for every partner)"]
     if marked:
         lines += ["", f"{SAME_WEIGHTS_MARK}: an unseen partner that runs on a training simulator's weights (the rest "
                       "of its row says what else it shares)."]
+    if fam_marked:
+        lines += ["", f"{SAME_FAMILY_MARK}: every unseen partner is of a training simulator's model family: the unseen "
+                      "reward cannot tell an exploit that the family shares from a gain."]
     return "\n".join(lines + [""])
 
 

@@ -26,7 +26,7 @@ class PanelEval:
     def __init__(self, cfg: Config, backends: dict, agent_ref, run: RunDir, judge=None):
         from .eval import load_panel
         from .models.loading import frozen_refs
-        from .panels import run_sharing
+        from .panels import family_warning, run_sharing
         from .partners.binding import spec_binding
 
         self.cfg, self.rundir, self.judge = cfg, run, judge
@@ -38,6 +38,8 @@ class PanelEval:
         self.refs = frozen_refs(models, backends, cfg.run.seed)
         self.agent, self.agent_ref = spec_binding(cfg.agent, agent_ref), agent_ref
         self.sharing = run_sharing(cfg, self.panel)
+        self.warning = family_warning(self.panel, self.sharing)  # a line for the log (every unseen member of a
+        # training simulator's family), or None
         recover_dir(run.file("best"))  # a crash while best/ was being replaced
         self.best_path = run.file("best", "best.json")
         self.best = json.load(open(self.best_path))["score"] if os.path.exists(self.best_path) else -math.inf
@@ -52,7 +54,9 @@ class PanelEval:
                        progress=(lambda s: log(f"  eval at step {step}: {s}")) if c.run.progress else None)
         write_results(res, self.rundir.file("eval", f"step_{step:06d}"), f"step {step}")
         out = {f"eval/{k}": res[k] for k in ("panel_mean", "panel_std", "seen_mean", "unseen_mean", "panel_se",
-                                              "seen_se", "unseen_se", "control_mean", "control_se")
+                                              "seen_se", "unseen_se", "control_mean", "control_se",
+                                              "unseen_same_family_mean", "unseen_same_family_se",
+                                              "unseen_other_family_mean", "unseen_other_family_se")
                if k in res and not math.isnan(res[k])}
         out.update({f"eval/partner/{k}": v["mean"] for k, v in res["per_partner"].items()})
         score = res["seen_mean"] if c.eval.select_on == "seen" else res["panel_mean"]

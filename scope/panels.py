@@ -16,7 +16,12 @@ Shared aspects (``Sharing`` fields):
 - ``decoding``: the same decoding (plain sampling or Verbalized Sampling) as a training simulator;
 - ``temperature``: the same sampling temperature as a training simulator;
 - ``system_prompt``: the environment's system prompt for the role, which every member shares (a note is
-  appended to it).
+  appended to it);
+- ``family``: its model family (``models.<m>.family``, derived from the weights by default) is a training
+  simulator's. An exploit that every model of one family pays for reads as a gain on "unseen" members of that
+  family; an evaluation therefore reports the unseen members of a training family and of another apart
+  (``unseen_same_family``, ``unseen_other_family``), and a panel whose unseen members are all of a training
+  family is warned of (:func:`family_warning`) and marked (:data:`SAME_FAMILY_MARK`).
 """
 from __future__ import annotations
 
@@ -26,6 +31,9 @@ from typing import Any, Iterable
 
 SAME_WEIGHTS_MARK = "†"
 """Marks, in every table, a held-out simulator that runs on a training simulator's weights."""
+SAME_FAMILY_MARK = "‡"
+"""Marks, in every table, a held-out simulator of a training simulator's model family, in a panel whose every
+unseen member is of one (nothing in it can tell an exploit that a family shares from a gain)."""
 
 STOP = set("""a an and are as at be before but by do does for from give given gives have her his i if in into is it
 its me more most much my no not of on only or other so than that the their them then they this to too very was
@@ -64,6 +72,7 @@ class Simulator:
     temperature: float | None
     texts: list[str] = field(default_factory=list)
     note: str = ""
+    family: str = ""
 
 
 @dataclass
@@ -74,9 +83,12 @@ class Sharing:
     decoding: bool = False
     temperature: bool = False
     system_prompt: bool = True
+    family: bool = False
+    family_name: str = ""
+    """The member's own model family."""
 
     def shared(self) -> list[str]:
-        return [k for k in ("weights", "note", "persona", "decoding", "temperature", "system_prompt")
+        return [k for k in ("weights", "family", "note", "persona", "decoding", "temperature", "system_prompt")
                 if getattr(self, k)]
 
 
@@ -97,7 +109,8 @@ def training_simulators(cfg) -> list[Simulator]:
         texts = [s.note] if s.note else []
         if p.source == "persona":
             texts += [x["text"] for x in load_personas(p.personas)]
-        out.append(Simulator(weights_of(cfg.models, s.model), s.decoding, s.temperature, texts, s.note))
+        out.append(Simulator(weights_of(cfg.models, s.model), s.decoding, s.temperature, texts, s.note,
+                             family_of(cfg.models[s.model])))
     return out
 
 
@@ -107,9 +120,11 @@ def sharing(panel, models: dict[str, Any], sources: Iterable[Simulator]) -> dict
     from .partners.sources import load_personas
 
     sources = list(sources)
+    families = {s.family for s in sources}
     out = {}
     for p in panel.partners:
         w = weights_of(models, p.model, p.adapter)
+        fam = family_of(models[p.model])
         personas = [x["text"] for x in load_personas(p.personas)] if p.personas else []
         texts = [t for s in sources for t in s.texts]
         out[p.spec_id()] = Sharing(
@@ -117,8 +132,27 @@ def sharing(panel, models: dict[str, Any], sources: Iterable[Simulator]) -> dict
             note=any(shares_text(p.note, t) for t in texts),
             persona=any(shares_text(x, t) for x in personas for t in texts),
             decoding=any(p.decoding == s.decoding for s in sources),
-            temperature=any(s.temperature is not None and p.temperature == s.temperature for s in sources))
+            temperature=any(s.temperature is not None and p.temperature == s.temperature for s in sources),
+            family=fam in families, family_name=fam)
     return out
+
+
+def family_of(mc) -> str:
+    """A ``models.<name>`` entry's model family (:func:`scope.models.loading.family_of`)."""
+    from .models.loading import family_of as of
+
+    return of(mc)
+
+
+def family_warning(panel, shared: dict[str, Sharing]) -> str | None:
+    """One line when every unseen member of ``panel`` (controls apart) is of a training simulator's family: its
+    unseen reward cannot tell an exploit that the family shares from a gain. None otherwise."""
+    unseen = [p.spec_id() for p in panel.partners if not p.seen and not p.control]
+    if not unseen or not all(shared[k].family for k in unseen if k in shared):
+        return None
+    fams = sorted({shared[k].family_name for k in unseen if k in shared})
+    return (f"every unseen member of the panel is of a training simulator's model family ({', '.join(fams)}): its "
+            f"unseen reward cannot tell an exploit that family shares from a gain (add a member of another family)")
 
 
 def same_weights(panel, models: dict[str, Any], sources: Iterable[Simulator]) -> set[str]:

@@ -29,7 +29,8 @@ def load_policy(policy: str, cfg_path: str | None, model: str | None, overrides:
     if model:
         cfg.models[cfg.agent.model].path = model
     mc = cfg.models[cfg.agent.model]
-    b = load_backend(mc.path, name=cfg.agent.model, seed=cfg.run.seed, dtype=mc.dtype, device=mc.device)
+    b = load_backend(mc.path, name=cfg.agent.model, seed=cfg.run.seed, dtype=mc.dtype, device=mc.device,
+                     template=mc.template)
     adapter = None
     if policy != "base":
         try:

@@ -145,6 +145,8 @@ def _train(cfg: Config, tasks: list[Task], resume: bool, on_step_end, log, confi
     metrics_log = MetricsLogger(run, cfg, start_step=start)
     evaluator = PanelEval(cfg, backends, trainable["agent"], run, judge) \
         if cfg.eval.panel and "agent" in trainable else None
+    if evaluator is not None and evaluator.warning:
+        log(f"WARNING: {evaluator.warning}")
     classify = classifier_of(cfg.env.name)
     probe = PartnerProbe(cfg, run, tasks, classify)
     no_signal = {owner: 0 for owner in learners}  # consecutive steps without a learning signal

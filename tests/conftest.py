@@ -35,7 +35,8 @@ HEAVY = {"/tests/lab/": ("SCOPE_LAB_TESTS", "make test-lab"), "/tests/soak/": ("
          "/tests/dist/": ("SCOPE_DIST_TESTS", "make test-dist"),
          "/tests/scale/": ("SCOPE_SCALE_TESTS", "make test-scale"),
          "/tests/browser/": ("SCOPE_BROWSER_TESTS", "make test-browser"),
-         "/tests/core/": ("SCOPE_CORE_TESTS", "make test-core")}
+         "/tests/core/": ("SCOPE_CORE_TESTS", "make test-core"),
+         "/tests/test_gemma_real.py": ("SCOPE_GEMMA_TESTS", "make test-gemma")}
 
 
 def pytest_collection_modifyitems(config, items):

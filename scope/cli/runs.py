@@ -117,7 +117,7 @@ def evaluate(args: argparse.Namespace) -> int:
     from ..eval import evaluate as run_eval
     from ..eval import load_panel, markdown, write_results
     from ..models.loading import frozen_refs
-    from ..panels import run_sharing
+    from ..panels import family_warning, run_sharing
     from ..policy import load_policy
     from ..setup import build_judge
 
@@ -128,9 +128,13 @@ def evaluate(args: argparse.Namespace) -> int:
     if args.temperature is not None:
         panel.temperature = args.temperature
     refs = frozen_refs({**cfg.models, **panel.models}, backends, cfg.run.seed)
+    shared = run_sharing(cfg, panel)
+    warning = family_warning(panel, shared)
+    if warning:
+        log(f"WARNING: {warning}")
     res = run_eval(agent, panel, refs, cfg.env, args.split, max_context=cfg.rollout.max_context,
                    end_on_truncation=cfg.rollout.end_on_truncation, judge=build_judge(cfg, backends),
-                   sharing=run_sharing(cfg, panel), progress=lambda s: log(f"eval: {s}"))
+                   sharing=shared, progress=lambda s: log(f"eval: {s}"))
     title = f"{args.policy} on {os.path.basename(args.panel)} ({args.split})"
     write_results(res, args.out, title)
     print(markdown(res, title))

@@ -8,7 +8,8 @@ from typing import Any
 from ..stats import mean_sd, task_bootstrap, wilson
 from .summary import cells_at, group, run_summary
 
-FIGURES = ("seen", "unseen", "all", "train_reward", "train_reward_start", "entropy_start", "entropy_end",
+FIGURES = ("seen", "unseen", "all", "unseen_same_family", "unseen_other_family", "train_reward", "train_reward_start",
+           "entropy_start", "entropy_end",
            "zero_variance_end", "unseen_peak", "unseen_drop_from_peak", "unseen_peak_over_start",
            "unseen_at_best_seen", "partner_share_start", "partner_share_end")
 """The per-run figures averaged over seeds (each with ``_std`` and ``_seeds`` beside it)."""
@@ -37,6 +38,7 @@ def arm_row(rs: list[dict[str, Any]], same_weights: set[str]) -> dict[str, Any]:
         row[k], row[k + "_std"] = mean_sd(vals)
         row[k + "_seeds"] = vals
     for k, step_of in (("seen", "last_eval_step"), ("unseen", "last_eval_step"), ("all", "last_eval_step"),
+                       ("unseen_same_family", "last_eval_step"), ("unseen_other_family", "last_eval_step"),
                        ("unseen_at_best_seen", "best_seen_step")):
         which = "unseen" if k == "unseen_at_best_seen" else k
         cells = [c for r in rs if (c := cells_at(r, r.get(step_of))) is not None]
@@ -61,6 +63,8 @@ def per_simulator(rs: list[dict[str, Any]], same_weights: set[str]) -> dict[str,
         # pooled over seeds: every dialogue of every seed a trial, at the seeds' dialogue-weighted mean
         pooled = sum(x * n for x, n in zip(means, ns)) / sum(ns) if sum(ns) else m
         lo, hi = wilson(pooled, sum(ns))
+        fam = rs[0].get("families", {}).get(sim)
         out[sim] = {"mean": m, "lo": lo, "hi": hi, "dialogues": sum(ns), "seen": rs[0].get("seen_flags", {}).get(sim),
-                    "same_weights": sim in same_weights}
+                    "same_weights": sim in same_weights, "family": fam[0] if fam else None,
+                    "training_family": bool(fam[1]) if fam else None}
     return out

@@ -51,6 +51,9 @@ def run_grid(configs: str | GridSpec, out: str, arms: tuple[str, ...] | None = N
         import torch
 
         torch.set_num_threads(first.run.threads)
+    warning = family_warning(spec, chosen, overrides)
+    if warning:
+        log(f"grid: WARNING: {warning}")
     before = {key: _before(out, key, path, first, log) for key, path in spec.hooks.before.items()}
     for arm, seed in order:
         _one(spec, out, arm, seed, overrides, records, log, t_all)
@@ -131,18 +134,36 @@ def finish(spec: GridSpec, out: str, arms: list[str], seeds: int, overrides: lis
     return results
 
 
-def same_weights(spec: GridSpec, arms: list[str], overrides: list[str]) -> set[str]:
-    """The panel's unseen simulators that run on the weights of a training simulator of any trained arm of the
-    grid (``scope.panels``), marked in its tables."""
+def _panel_sources(spec: GridSpec, arms: list[str], overrides: list[str]):
+    """The grid's panel, the models its members can name, and every training simulator of its trained arms (None
+    for a grid without a panel)."""
     from ..config import load_config
     from ..eval import load_panel
-    from ..panels import same_weights as shared, training_simulators
+    from ..panels import training_simulators
 
     cfgs = [load_config(spec.config_path(a), overrides) for a in arms if spec.arms[a].steps != 0]
     if not cfgs or not cfgs[0].eval.panel:
-        return set()
+        return None
     panel = load_panel(cfgs[0].eval.panel)
-    return shared(panel, {**cfgs[0].models, **panel.models}, [s for c in cfgs for s in training_simulators(c)])
+    return panel, {**cfgs[0].models, **panel.models}, [s for c in cfgs for s in training_simulators(c)]
+
+
+def same_weights(spec: GridSpec, arms: list[str], overrides: list[str]) -> set[str]:
+    """The panel's unseen simulators that run on the weights of a training simulator of any trained arm of the
+    grid (``scope.panels``), marked in its tables."""
+    from ..panels import same_weights as shared
+
+    found = _panel_sources(spec, arms, overrides)
+    return shared(*found) if found else set()
+
+
+def family_warning(spec: GridSpec, arms: list[str], overrides: list[str]) -> str | None:
+    """The line :func:`scope.panels.family_warning` writes when every unseen member of the grid's panel is of a
+    training simulator's model family (any trained arm's)."""
+    from ..panels import family_warning as warn, sharing
+
+    found = _panel_sources(spec, arms, overrides)
+    return warn(found[0], sharing(*found)) if found else None
 
 
 def write_outputs(out: str, results: dict[str, Any]) -> None:

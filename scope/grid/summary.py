@@ -15,9 +15,11 @@ CURVES = [("reward_mean", "training reward"), ("eval/unseen_mean", "held-out rew
 DECOMPOSITION = ("collapse/partner_share", "collapse/partner_var", "collapse/agent_var")
 
 
-def eval_cells(run_dir: str) -> tuple[dict[int, Cells], dict[str, bool | str], dict[int, dict[str, int]]]:
+def eval_cells(run_dir: str) -> tuple[dict[int, Cells], dict[str, bool | str], dict[int, dict[str, int]],
+                                      dict[str, tuple[str, bool]]]:
     """Each evaluation of a run as :data:`scope.stats.Cells` (simulator -> task -> mean reward), by step,
-    each simulator's seen flag and, by step, each simulator's number of dialogues, from
+    each simulator's seen flag, by step each simulator's number of dialogues, and each simulator's model family
+    and whether it is a training simulator's (where the evaluation recorded it), from
     ``eval/step_N/eval_episodes.jsonl`` and ``eval.json``."""
     from ..stats import cells_of
 
@@ -25,6 +27,7 @@ def eval_cells(run_dir: str) -> tuple[dict[int, Cells], dict[str, bool | str], d
     cells: dict[int, Cells] = {}
     seen: dict[str, bool | str] = {}  # seen (True), unseen (False) or "control"
     counts: dict[int, dict[str, int]] = {}
+    families: dict[str, tuple[str, bool]] = {}  # simulator -> (its family, of a training simulator's)
     for name in sorted(os.listdir(d)) if os.path.isdir(d) else []:
         path = os.path.join(d, name, "eval_episodes.jsonl")
         if not name.startswith("step_") or not os.path.exists(path):
@@ -36,7 +39,8 @@ def eval_cells(run_dir: str) -> tuple[dict[int, Cells], dict[str, bool | str], d
                 per = json.load(f)["per_partner"]
             seen = {k: "control" if v.get("control") else bool(v["seen"]) for k, v in per.items()}
             counts[int(name[len("step_"):])] = {k: int(v["n"]) for k, v in per.items()}
-    return cells, seen, counts
+            families = {k: (v["family"], bool(v.get("training_family"))) for k, v in per.items() if "family" in v}
+    return cells, seen, counts, families
 
 
 def run_summary(run_dir: str) -> dict[str, Any]:
@@ -48,8 +52,10 @@ def run_summary(run_dir: str) -> dict[str, Any]:
     last = ev[-1] if ev else {}
     curves = {k: [(m["step"], m[k]) for m in ms if isinstance(m.get(k), (int, float))]
               for k in [k for k, _ in CURVES] + list(DECOMPOSITION)}
-    cells, seen_flags, counts = eval_cells(run_dir)
+    cells, seen_flags, counts, families = eval_cells(run_dir)
     out = {"seen": last.get("eval/seen_mean"), "unseen": last.get("eval/unseen_mean"),
+           "unseen_same_family": last.get("eval/unseen_same_family_mean"),
+           "unseen_other_family": last.get("eval/unseen_other_family_mean"), "families": families,
            "all": last.get("eval/panel_mean"), "unseen_se": last.get("eval/unseen_se"),
            "seen_se": last.get("eval/seen_se"), "panel_se": last.get("eval/panel_se"), "curves": curves,
            "per_partner": {k[len("eval/partner/"):]: v for k, v in last.items() if k.startswith("eval/partner/")},
@@ -102,10 +108,16 @@ def group_name(flag: Any) -> str:
 
 
 def group(r: dict[str, Any], which: str) -> list[str]:
-    """The simulators of a run's panel in a group: ``seen``, ``unseen``, ``all`` (both) or ``control``."""
+    """The simulators of a run's panel in a group: ``seen``, ``unseen``, ``all`` (both), ``control``, or the
+    unseen ones of a training simulator's model family (``unseen_same_family``) or of another
+    (``unseen_other_family``)."""
     flags = r.get("seen_flags", {})
     if which == "control":
         return [k for k, v in flags.items() if v == "control"]
+    if which in ("unseen_same_family", "unseen_other_family"):
+        fams = r.get("families", {})
+        same = which == "unseen_same_family"
+        return [k for k in group(r, "unseen") if k in fams and fams[k][1] == same]
     return [k for k, v in flags.items() if v != "control" and (which == "all" or v == (which == "seen"))]
 
 

@@ -32,16 +32,22 @@ that has lines."""
 
 
 def main_rows(rows: dict[str, dict[str, Any]], labels: dict[str, str]) -> list[str]:
-    lines = ["| paradigm | held-out seen | held-out unseen | unseen, per seed | held-out all | unseen at the "
-             "best-on-seen checkpoint | training reward, per seed | entropy start -> end | zero-variance (end) | "
-             "simulator-side share start -> end | seeds |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    """One row per arm; with columns for the unseen simulators of a training family and of another where the
+    panel has simulators of another family (an evaluation reports the two apart)."""
+    families = any(not math.isnan(r.get("unseen_other_family", math.nan)) for r in rows.values())
+    extra = " unseen, a training simulator's family | unseen, another family |" if families else ""
+    lines = ["| paradigm | held-out seen | held-out unseen | unseen, per seed |" + extra + " held-out all | unseen at "
+             "the best-on-seen checkpoint | training reward, per seed | entropy start -> end | zero-variance (end) | "
+             "simulator-side share start -> end | seeds |", "|---" * (11 + 2 * families) + "|"]
     for a, r in rows.items():
         ent = "n/a" if math.isnan(r["entropy_start"]) else f"{fmt(r['entropy_start'], 2)} -> {fmt(r['entropy_end'], 2)}"
         share = ("n/a" if math.isnan(r.get("partner_share_start", math.nan))
                  else f"{fmt(r['partner_share_start'], 2)} -> {fmt(r['partner_share_end'], 2)}")
-        lines.append(f"| {labels[a]} | {interval(r, 'seen')} | {interval(r, 'unseen')} | {per_seed(r, 'unseen')} | "
-                     f"{interval(r, 'all')} | {interval(r, 'unseen_at_best_seen')} | {per_seed(r, 'train_reward')} | "
-                     f"{ent} | {fmt(r['zero_variance_end'], 2)} | {share} | {r['seeds']} |")
+        fam = (f" {interval(r, 'unseen_same_family')} | {interval(r, 'unseen_other_family')} |" if families else "")
+        lines.append(f"| {labels[a]} | {interval(r, 'seen')} | {interval(r, 'unseen')} | {per_seed(r, 'unseen')} |"
+                     f"{fam} {interval(r, 'all')} | {interval(r, 'unseen_at_best_seen')} | "
+                     f"{per_seed(r, 'train_reward')} | {ent} | {fmt(r['zero_variance_end'], 2)} | {share} | "
+                     f"{r['seeds']} |")
     return lines
 
 
@@ -62,7 +68,7 @@ def footnote(results: dict[str, Any]) -> list[str]:
 
 
 def simulator_rows(results: dict[str, Any], labels: dict[str, str]) -> list[str]:
-    from ..panels import SAME_WEIGHTS_MARK
+    from ..panels import SAME_FAMILY_MARK, SAME_WEIGHTS_MARK
 
     rows = results["arms"]
     first: dict[str, dict[str, Any]] = next((r["per_simulator"] for r in rows.values() if r.get("per_simulator")), {})
@@ -70,11 +76,15 @@ def simulator_rows(results: dict[str, Any], labels: dict[str, str]) -> list[str]
     if not sims:
         return []
     same = set(results.get("same_weights", []))
+    unseen = [k for k in sims if seen_of.get(k) is False]
+    family = set(unseen) if unseen and all(first[k].get("training_family") is True for k in unseen) else set()
+    mark = lambda k: (SAME_WEIGHTS_MARK if k in same else "") + (SAME_FAMILY_MARK if k in family else "")  # noqa: E731
     lines = ["", "Final held-out reward per simulator (mean over seeds; 95% Wilson interval over all its "
                  "dialogues of every seed" + (f"; {SAME_WEIGHTS_MARK}: an unseen simulator on a training "
-                                             "simulator's weights" if same else "") + "):", "",
-             "| paradigm | " + " | ".join(f"{k}{SAME_WEIGHTS_MARK if k in same else ''} ({group_name(seen_of.get(k))})"
-                                          for k in sims) + " |",
+                                             "simulator's weights" if same else "")
+             + (f"; {SAME_FAMILY_MARK}: every unseen simulator is of a training simulator's model family, so the "
+                "unseen reward cannot tell an exploit that the family shares from a gain" if family else "") + "):", "",
+             "| paradigm | " + " | ".join(f"{k}{mark(k)} ({group_name(seen_of.get(k))})" for k in sims) + " |",
              "|---|" + "---|" * len(sims)]
     for a, r in rows.items():
         ps = r.get("per_simulator", {})

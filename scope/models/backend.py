@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import sys
 import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -17,7 +18,15 @@ import torch
 
 from ..types import Completion, Readout, ReadoutResult, SamplingParams
 from . import attention as _attention
-from .decode import cache_kw, common_prefix, decode_batch, KVEntry, make_cache, n_layers
+from .decode import KVEntry, base_model, cache_kw, common_prefix, decode_batch, make_cache, n_layers
+
+
+def sliding_window(model) -> int | None:
+    """The window of a model whose layers include sliding-window attention (Gemma 3: five in six), else None."""
+    cfg = getattr(base_model(model), "config", None)
+    kinds = getattr(cfg, "layer_types", None) or []
+    window = getattr(cfg, "sliding_window", None)
+    return int(window) if window and any("sliding" in str(k) for k in kinds) else None
 
 
 class LocalBackend:
@@ -42,6 +51,9 @@ class LocalBackend:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
         self.kv_store: OrderedDict[Any, KVEntry] = OrderedDict()
         self.kv_budget_tokens = kv_budget_tokens
+        # a prefix shared by every row is attended whole by every query (a cascade), which a layer that sees only
+        # its last window tokens must not: such a model keeps each row's own key/values only (_shared_min)
+        self.window = sliding_window(model)
         self.model.eval()
         _attention.install(self.model)  # GQA attention without copying the KV cache (CPU sampling only)
         from .packed import PackedLinears
@@ -200,7 +212,7 @@ class LocalBackend:
             self._share_prefix(model, prompts, reuse)
             outs, kv = decode_batch(model, self.tokenizer, prompts, sampling, self.eos_ids, self.pad_id,
                                self.generator, reuse, keep_kv=sessions is not None,
-                               min_shared=self.min_shared_prefix)
+                               min_shared=self._shared_min())
         mid = f"{self.name}:{adapter or 'base'}"
         for i, c in enumerate(outs):
             c.model_id, c.model_version = mid, version
@@ -212,6 +224,10 @@ class LocalBackend:
         return outs
 
     min_shared_prefix = 32  # tokens; a shorter common prefix is not worth its own forward pass
+
+    def _shared_min(self) -> int:
+        """The shortest common prefix the rows share as one block: none for a sliding-window model."""
+        return sys.maxsize if self.window is not None else self.min_shared_prefix
 
     def readout(self, prompts: list[list[int]], sampling: SamplingParams, readout: Readout,
                 adapter: str | None = None) -> list[ReadoutResult]:
@@ -281,7 +297,7 @@ class LocalBackend:
         n = min(len(prompts[i]) for i in fresh) - 1
         for i in fresh[1:]:
             n = common_prefix(first, prompts[i], n)
-        if n < self.min_shared_prefix:
+        if n < self._shared_min():
             return
         device = next(model.parameters()).device
         cache = make_cache(n_layers(model), n)

