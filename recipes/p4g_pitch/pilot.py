@@ -134,19 +134,20 @@ def _configs(configs: str) -> list[str]:
                                                                                       "grid.yaml"))
 
 
-def load(configs: str, overrides: list[str] | None = None):
+def load(configs: str, overrides: list[str] | None = None, base: str = "single.yaml",
+         extra: dict[str, Any] | None = None):
     """The experiment's models, loaded once: (config, backends, the untrained persuader's binding, simulators)
     where simulators maps an id to (binding, env options over the config's, group): every frozen training
     simulator of the grid's configs (group ``train``) and every panel member (``seen``, ``unseen``,
     ``control``)."""
-    from scope.config import load_config
+    from scope.config import PartnerSpec, load_config
     from scope.eval import load_panel
     from scope.models.loading import frozen_refs
     from scope.partners.binding import spec_binding
     from scope.setup import build_models
 
     overrides = list(overrides or [])
-    cfg = load_config(os.path.join(configs, "single.yaml"), overrides)
+    cfg = load_config(os.path.join(configs, base), overrides)
     if cfg.run.threads:
         import torch
 
@@ -160,6 +161,7 @@ def load(configs: str, overrides: list[str] | None = None):
     cfgs = [load_config(os.path.join(configs, f), overrides) for f in _configs(configs)]
     for c in cfgs:
         models.update({k: v for k, v in c.models.items() if k not in models})
+    models.update(extra or {})
     refs = frozen_refs(models, backends, cfg.run.seed)
     if panel is not None:
         for p in panel.partners:
@@ -171,6 +173,8 @@ def load(configs: str, overrides: list[str] | None = None):
         for spec in c.partner.specs():
             if spec.spec_id() not in sims:
                 sims[spec.spec_id()] = (spec_binding(spec, refs[spec.model]), {}, "train")
+    for sid in extra or {}:  # a simulator of no config (a fidelity card's only): T=0.7, as the others
+        sims[sid] = (spec_binding(PartnerSpec(model=sid, temperature=0.7, max_new_tokens=16), refs[sid]), {}, "card")
     agent = spec_binding(cfg.agent, trainable["agent"])
     return cfg, backends, agent, sims
 
@@ -304,15 +308,17 @@ def analyse(pitches: list[str], n_sampled: int, scores: dict[str, dict[str, Any]
 
 
 def pilot(configs: str, out: str, n_sampled: int = 256, n_personas: int = 4, overrides: list[str] | None = None,
-          seed: int = 0, only: list[str] | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
+          seed: int = 0, only: list[str] | None = None, log: Callable[[str], None] = print, base: str = "single.yaml",
+          reference: str = "T0", unseen: tuple[str, ...] = UNSEEN) -> dict[str, Any]:
     """Sample the pitches, score them under every simulator (``only``: these) on ``n_personas`` train
-    personas, write ``pilot.json`` and ``pilot.md`` in ``out``."""
+    personas, write ``pilot.json`` and ``pilot.md`` in ``out``. ``base``: the config whose persuader samples;
+    ``reference``: the simulator whose spread is the go/no-go; ``unseen``: the ones its scores are compared with."""
     import time
 
 
     t0 = time.time()
     os.makedirs(out, exist_ok=True)
-    cfg, _, agent, sims = load(configs, overrides)
+    cfg, _, agent, sims = load(configs, overrides, base)
     if only:
         missing = [s for s in only if s not in sims]
         if missing:
@@ -328,14 +334,14 @@ def pilot(configs: str, out: str, n_sampled: int = 256, n_personas: int = 4, ove
     log(f"pilot: {len(sampled)} sampled + {len(TEMPLATES)} written pitches, {len(tasks)} personas, "
         f"{len(sims)} simulators")
     scores = score(cfg, pitches, tasks, sims, seed, progress=log)
-    res = analyse(pitches, n_sampled, scores, unseen=tuple(u for u in UNSEEN if u in scores))
+    res = analyse(pitches, n_sampled, scores, reference=reference, unseen=tuple(u for u in unseen if u in scores))
     res.update(pitches=pitches, n_sampled=n_sampled, personas=[t.id for t in tasks], scores=scores,
                seconds=time.time() - t0)
     with open(os.path.join(out, "pilot.json"), "w") as f:
         json.dump(res, f, indent=1, default=float)
     with open(os.path.join(out, "pilot.md"), "w") as f:
         f.write(pilot_markdown(res))
-    log(f"pilot: wrote {out}/pilot.md ({time.time() - t0:.0f}s); T0's spread {res['reference_spread']:.3f} "
+    log(f"pilot: wrote {out}/pilot.md ({time.time() - t0:.0f}s); {reference}'s spread {res['reference_spread']:.3f} "
         f"-> {'GO' if res['go'] else 'NO-GO'}")
     return res
 
@@ -382,11 +388,14 @@ def pilot_markdown(res: dict[str, Any]) -> str:
 
 # ---- fidelity cards -------------------------------------------------------------------------------------
 def fidelity(configs: str, out: str, n_dialogues: int = 48, overrides: list[str] | None = None,
-             log: Callable[[str], None] = print) -> dict[str, Any]:
+             log: Callable[[str], None] = print, base: str = "single.yaml",
+             extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """Per simulator with a forced decision: the perplexity of held-out people's turns at its temperature (48
-    dialogues of the test persuadees, P4G-pitch's short-persona prompt), and its decisions given each held-out
+    dialogues of the test persuadees, P4G-pitch's short-persona prompt) and the same in bits per byte of their
+    text (which, unlike a perplexity, compares across tokenizers), and its decisions given each held-out
     person's real pitch against what those people gave (no amount counts as $0): Wasserstein-1 in dollars,
-    means and shares of $0. Writes ``fidelity.json`` / ``fidelity.md``."""
+    means and shares of $0. ``extra``: more simulators (model id -> ``ModelConfig``) to card. Writes
+    ``fidelity.json`` / ``fidelity.md``."""
     from scipy.stats import wasserstein_distance
 
     from .env import NO_AMOUNT
@@ -397,7 +406,7 @@ def fidelity(configs: str, out: str, n_dialogues: int = 48, overrides: list[str]
     from .fit import decision_view, system_prompt
 
     os.makedirs(out, exist_ok=True)
-    cfg, _, _, sims = load(configs, overrides)
+    cfg, _, _, sims = load(configs, overrides, base, extra)
     data_dir = cfg.env.options.get("data_dir")
     test = [d for d in load_dialogues(data_dir, "test") if decision_view(d) is not None]
     people = [float(d.donation or 0.0) for d in test]
@@ -409,6 +418,10 @@ def fidelity(configs: str, out: str, n_dialogues: int = 48, overrides: list[str]
         tok, backend, adapter = b.ref.tokenizer, b.ref.backend, b.ref.adapter
         held = examples(tok, test[:n_dialogues], 512, lambda d: [d.partner_view(system_prompt(d))])
         ppl = perplexity(backend, adapter, held, 512, temperature=b.sampling.temperature)
+        n_tok = sum(sum(m[1:]) for _, m in held)  # the scored tokens (each turn's text and its end-of-turn token)
+        n_bytes = sum(len(tok.decode([t for t, k in zip(ids[1:], m[1:]) if k], skip_special_tokens=True).encode())
+                      for ids, m in held)
+        bpb = math.log(ppl) * n_tok / (math.log(2) * max(n_bytes, 1))
         prompts = [encode(tok, render(tok, (decision_view(d) or [])[:2], True) + "[DONATE $") for d in test]
         res = b.ref.readout(prompts, b.sampling, _amount_readout())
         vals, wts = [], []
@@ -419,7 +432,8 @@ def fidelity(configs: str, out: str, n_dialogues: int = 48, overrides: list[str]
         w1 = float(wasserstein_distance(vals, people, u_weights=wts))
         means = [sum(p * (0.0 if a == NO_AMOUNT else float(a)) for a, p in r.dist.items()) for r in res]
         zero = [sum(p for a, p in r.dist.items() if a == NO_AMOUNT or float(a) == 0.0) for r in res]
-        cards[sid] = {"group": group, "temperature": b.sampling.temperature, "perplexity": ppl, "wasserstein": w1,
+        cards[sid] = {"group": group, "temperature": b.sampling.temperature, "perplexity": ppl,
+                      "bits_per_byte": bpb, "wasserstein": w1,
                       "mean_amount": float(np.mean(means)), "zero_share": float(np.mean(zero)),
                       "no_amount": float(np.mean([r.dist.get(NO_AMOUNT, 0.0) for r in res])),
                       "dialogues": len(held), "people": len(test)}
@@ -439,15 +453,15 @@ def _amount_readout():
 
 def fidelity_markdown(cards: dict[str, Any]) -> str:
     pe = cards["people"]
-    lines = ["| simulator | group | T | perplexity of held-out people's turns | W1 to their donations ($) | mean "
-             "decision ($) | share of $0 | share with no amount |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| simulator | group | T | perplexity of held-out people's turns | bits per byte | W1 to their donations "
+             "($) | mean decision ($) | share of $0 | share with no amount |", "|---|---|---|---|---|---|---|---|---|"]
     for sid, c in cards.items():
         if sid == "people":
             continue
         lines.append(f"| {sid} | {c['group']} | {c['temperature']} | {fmt(c['perplexity'], 2)} | "
-                     f"{fmt(c['wasserstein'])} | {fmt(c['mean_amount'], 2)} | {fmt(c['zero_share'], 2)} | "
-                     f"{fmt(c['no_amount'], 3)} |")
-    lines.append(f"| held-out people ({pe['n']}) | | | | 0 | {fmt(pe['mean'], 2)} | {fmt(pe['zero_share'], 2)} | |")
+                     f"{fmt(c.get('bits_per_byte'), 3)} | {fmt(c['wasserstein'])} | {fmt(c['mean_amount'], 2)} | "
+                     f"{fmt(c['zero_share'], 2)} | {fmt(c['no_amount'], 3)} |")
+    lines.append(f"| held-out people ({pe['n']}) | | | | | 0 | {fmt(pe['mean'], 2)} | {fmt(pe['zero_share'], 2)} | |")
     return "\n".join(lines) + "\n"
 
 

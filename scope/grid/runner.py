@@ -158,12 +158,22 @@ def same_weights(spec: GridSpec, arms: list[str], overrides: list[str]) -> set[s
 
 
 def family_warning(spec: GridSpec, arms: list[str], overrides: list[str]) -> str | None:
-    """The line :func:`scope.panels.family_warning` writes when every unseen member of the grid's panel is of a
-    training simulator's model family (any trained arm's)."""
-    from ..panels import family_warning as warn, sharing
+    """One line naming the trained arms for which every unseen member of the grid's panel is of a training
+    simulator's model family (:func:`scope.panels.family_warning`), or None when there is none."""
+    from ..config import load_config
+    from ..eval import load_panel
+    from ..panels import family_warning as warn, run_sharing
 
-    found = _panel_sources(spec, arms, overrides)
-    return warn(found[0], sharing(*found)) if found else None
+    found = []
+    for a in arms:
+        cfg = load_config(spec.config_path(a), overrides)
+        if spec.arms[a].steps != 0 and cfg.eval.panel:
+            line = warn(load_panel(cfg.eval.panel), run_sharing(cfg, load_panel(cfg.eval.panel)))
+            if line:
+                found.append((spec.label(a), line))
+    if not found:
+        return None
+    return f"{', '.join(a for a, _ in found)}: {found[0][1]}"
 
 
 def write_outputs(out: str, results: dict[str, Any]) -> None:

@@ -1,0 +1,95 @@
+"""P4G-pitch across families at a tiny size: the pre-registered panel and its families, the grid (tiny-random as the
+SmolLM2 family, tiny-gemma3 as the Gemma family, each simulator one quick `scope sim fit`), its family columns and
+warnings, and every signature computed from it."""
+import hashlib
+import os
+
+import pytest
+import yaml
+
+from recipes.conftest import shared_path
+from scope.grid.runner import run_grid
+
+CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+PREREGISTERED = "27cdc74aac232ab4aae46d41b9ef96fc21be4b1643ba60054d71fec5f17c1f64"
+"""The panel as committed before any training run (README.md): it is not changed after a result."""
+
+
+def test_the_panel_is_the_preregistered_one():
+    from scope.config import load_config
+    from scope.eval import load_panel
+    from scope.panels import run_sharing
+
+    with open(os.path.join(CONFIGS, "panel.yaml"), "rb") as f:
+        assert hashlib.sha256(f.read()).hexdigest() == PREREGISTERED, "recipes/p4g_cross/configs/panel.yaml changed"
+    panel = load_panel(os.path.join(CONFIGS, "panel.yaml"))
+    groups = {p.spec_id(): "control" if p.control else "seen" if p.seen else "unseen" for p in panel.partners}
+    assert groups == {"T0": "seen", "P1": "seen", "P2": "seen", "P3": "unseen", "P4": "unseen", "G3": "unseen",
+                      "G4": "unseen", "base-T1.0": "control", "verbal": "control", "gemma-base": "control"}
+    assert panel.paired and panel.tasks == 48 and panel.episodes == 96
+    for arm, own, other in (("single_p1", "smollm2", "gemma3"), ("single_g1", "gemma3", "smollm2")):
+        sh = run_sharing(load_config(os.path.join(CONFIGS, f"{arm}.yaml")), panel)
+        fam = {k: (v.family_name, v.family) for k, v in sh.items() if k in ("P3", "P4", "G3", "G4")}
+        mine = ("P3", "P4") if own == "smollm2" else ("G3", "G4")
+        assert all(fam[k] == (own, True) for k in mine) and all(fam[k] == (other, False)
+                                                                   for k in fam if k not in mine), (arm, fam)
+
+
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    p4g = shared_path("data", "p4g")
+    from scope.sim.fit import FitConfig, fit
+
+    tmp = tmp_path_factory.mktemp("cross")
+    for model in ("tiny-random", "tiny-gemma3"):
+        fit(FitConfig(model=model, data_dir=p4g, out=str(tmp / model), max_dialogues=2, max_tokens=512,
+                      batch_tokens=512, epochs=0.5, shard="1/4", examples="recipes.p4g_pitch.fit:fit_views"),
+            log=lambda s: None, progress=False)
+    with open(os.path.join(CONFIGS, "panel.yaml")) as f:
+        panel = yaml.safe_load(f)
+    panel.update(tasks=2, episodes=4)
+    for spec in panel["models"].values():
+        spec["path"] = "tiny-gemma3" if spec["path"] == "gemma3-270m" else "tiny-random"
+        if "adapter" in spec:
+            spec["adapter"] = str(tmp / spec["path"] / "adapter")
+    (tmp / "panel.yaml").write_text(yaml.safe_dump(panel))
+    overrides = ["models.policy.path=tiny-random", f"eval.panel={tmp / 'panel.yaml'}", f"env.options.data_dir={p4g}",
+                 "rollout.n_tasks=2", "rollout.group_size=2", "agent.max_new_tokens=4", "partner.max_new_tokens=4",
+                 "train.steps=2", "eval.every=2", "run.save_every=2", "models.p1.path=tiny-random",
+                 f"models.p1.adapter={tmp / 'tiny-random' / 'adapter'}", "models.g1.path=tiny-gemma3",
+                 f"models.g1.adapter={tmp / 'tiny-gemma3' / 'adapter'}"]
+    out = str(tmp / "grid")
+    lines: list[str] = []
+    res = run_grid(CONFIGS, out, overrides=overrides, log=lines.append)
+    return tmp, out, res, lines
+
+
+def test_the_grid_reports_the_families_apart(tiny):
+    _, out, res, lines = tiny
+    assert set(res["arms"]) == {"base", "single_p1", "single_g1", "ensemble"}
+    table = open(os.path.join(out, "table.md")).read()
+    assert "unseen, another family" in table  # the panel has members of a family no training simulator is of
+    assert res["arms"]["single_p1"]["per_simulator"]["G3"]["family"] == "tiny-gemma3"
+    single = res["runs"]["single_p1"][0]
+    assert single["families"]["P3"][1] is True and single["families"]["G3"][1] is False
+    # the Ensemble trains on both families, so every unseen member is of one of its training families; each
+    # RL (Single) meets the other family among its unseen members
+    [warning] = [x for x in lines if "WARNING" in x]
+    assert "Ensemble over {P1, G1}" in warning and "RL (Single)" not in warning
+
+
+def test_every_signature_is_computed_from_the_grid(tiny):
+    from recipes.p4g_cross.verdicts import verdicts
+
+    _, out, _, _ = tiny
+    v = verdicts(out, CONFIGS, log=lambda s: None)
+    s = v["signatures"]
+    assert set(s) == {"family_gain", "below_base_other_family", "worse_family_cure", "diversity"}
+    for arm in ("single_p1", "single_g1"):
+        rows = s["family_gain"]["arms"][arm]["seeds"]
+        assert [r["seed"] for r in rows] == [0, 1] and all(isinstance(r["holds"], bool) for r in rows)
+    assert len(s["worse_family_cure"]["comparisons"]) == 2 and s["worse_family_cure"]["held"] in (True, False)
+    assert s["diversity"]["held"] in (True, False)
+    assert "1. " in open(os.path.join(out, "verdicts.md")).read()
