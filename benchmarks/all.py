@@ -18,8 +18,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BENCHES = ["rollout_throughput", "verbalized_sampling", "population", "alternating_updates", "learner_memory",
-           "decode_step", "panel_readout", "parallel_step", "tau2_env", "coop_env", "coop_grading", "koth_game",
-           "scale"]
+           "decode_step", "panel_readout", "families", "parallel_step", "tau2_env", "coop_env", "coop_grading",
+           "koth_game", "scale"]
 ROOT = os.path.dirname(HERE)
 PYTHON = {"scale": os.path.join(ROOT, ".venv-scale", "bin", "python")}  # vLLM and Ray live in their own venv
 OWN_ALLOCATOR = {"alternating_updates", "scale"}
@@ -49,6 +49,12 @@ GOALS = {
     ("panel_readout", "ratio"): (None, None, "x", "a panel's readouts (6 members, 96 prompts), each member alone vs "
                                   "the layers below the adapters shared"),
     ("panel_readout", "identical"): (">=", 1.0, "", "the same readouts to the bit with the sharing (1: yes)"),
+    ("families", "gemma3_decode_tok_s"): (None, None, "tok/s", "Gemma 3 270M decode, 16 rows x 32 tokens"),
+    ("families", "smollm2_decode_tok_s"): (None, None, "tok/s", "SmolLM2-135M decode, the same work"),
+    ("families", "decode_ratio"): (None, None, "x", "decode tokens/s, Gemma 3 270M vs SmolLM2-135M"),
+    ("families", "gemma3_update_ms_per_token"): (None, None, "ms", "Gemma 3 270M LoRA update, per trained token"),
+    ("families", "smollm2_update_ms_per_token"): (None, None, "ms", "SmolLM2-135M LoRA update, per trained token"),
+    ("families", "update_ratio"): (None, None, "x", "update time per trained token, Gemma 3 270M vs SmolLM2-135M"),
     ("tau2_retail", "calls_per_s"): (None, None, "/s", "tau2 retail tool calls"),
     ("tau2_airline", "calls_per_s"): (None, None, "/s", "tau2 airline tool calls"),
     ("coop_env", "calls_per_s"): (None, None, "/s", "sandboxed command calls (true)"),

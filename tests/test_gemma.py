@@ -190,3 +190,30 @@ def test_a_simulator_is_fitted_to_people_on_the_gemma_family(tmp_path):
     ref = load_frozen_adapter(ModelRef("g:base", b), str(tmp_path / "fit" / "adapter"), "fitted")
     out = ref.generate([enc(b, [{"role": "user", "content": "hello"}])], SamplingParams(max_new_tokens=4))
     assert len(out[0].token_ids) > 0
+
+
+def test_a_run_warns_when_every_unseen_member_is_of_its_training_family(tmp_path):
+    """One line at the start of a run whose panel's unseen members are all of a training simulator's family, and
+    the mark in its evaluation table; none once the panel has a member of another family."""
+    from scope.config import parse_config
+    from scope.train import train
+
+    def run(name, unseen_model):
+        panel = tmp_path / f"{name}.yaml"
+        panel.write_text("episodes: 1\nmodels: {gem: {path: tiny-gemma3}}\npartners:\n"
+                         "  - {id: seen, seen: true, model: policy, max_new_tokens: 4}\n"
+                         f"  - {{id: other, seen: false, model: {unseen_model}, max_new_tokens: 4}}\n")
+        logs: list[str] = []
+        train(parse_config({
+            "run": {"dir": str(tmp_path / name), "progress": False, "report_to": []},
+            "models": {"policy": {"path": "tiny-random"}},
+            "agent": {"model": "policy", "trainable": True, "max_new_tokens": 4},
+            "partner": {"model": "policy", "max_new_tokens": 4},
+            "env": {"name": "p4g", "options": {"max_turns": 1, "force_decision": True}},
+            "train": {"steps": 0}, "eval": {"panel": str(panel)}}), log=logs.append)
+        return logs, open(tmp_path / name / "eval" / "step_000000" / "eval.md").read()
+
+    logs, md = run("same", "policy")
+    assert [x for x in logs if x.startswith("WARNING: every unseen member")] and "| other†‡ |" in md
+    logs, md = run("cross", "gem")
+    assert not any("WARNING" in x for x in logs) and "| other |" in md and "| tiny-gemma3 |" in md

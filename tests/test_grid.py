@@ -79,7 +79,8 @@ def test_grid_yaml_errors_name_what_is_wrong(tmp_path):
 
 
 def test_a_grid_runs_its_arms_hooks_and_the_untrained_arm(tmp_path):
-    out, res = grid(tmp_path, "a")
+    lines: list[str] = []
+    out, res = grid(tmp_path, "a", log=lines.append)
     assert list(res["arms"]) == ["base", "single", "rotation"] and res["labels"]["base"] == "As built"
     base = metrics(out, "base")
     assert [m["step"] for m in base] == [0] and "reward_mean" not in base[0]  # evaluated once, never trained
@@ -94,6 +95,11 @@ def test_a_grid_runs_its_arms_hooks_and_the_untrained_arm(tmp_path):
     assert "| As built |" in table and "| Rotation |" in table and "(unseen)" in table
     assert table.rstrip().endswith(".") and "Final unseen: As built " in table  # the section, below the table
     assert res["finals"]["single"] == res["arms"]["single"]["unseen"]
+    # one family only (the tiny model's): each trained arm is warned of, and the unseen simulator is marked
+    [warning] = [x for x in lines if "WARNING" in x]
+    assert "One partner, Rotation:" in warning and "model family (tiny-random)" in warning
+    assert "hot†‡ (unseen)" in table and "‡: every unseen simulator is of a training simulator's model family" in table
+    assert "another family" not in table  # no column for a family the panel does not have
     for name in ("curves.png", "results.json", "dialogues.md"):
         assert os.path.getsize(os.path.join(out, name)) > 0
 

@@ -34,7 +34,7 @@ def fit_sims(data_dir: str, only: list[str] | None = None, log: Callable[[str], 
     from scope.sim.fit import FitConfig, fit
 
     pitch_sims(data_dir)
-    for k in range(1, 5):
+    for k in (1, 3, 4, 2):  # the training simulator and the panel's first; G2 is for its fidelity card only
         if only and f"g{k}" not in only:
             continue
         fit(FitConfig(model="gemma3-270m", data_dir=data_dir, shard=f"{k}/4",
