@@ -339,6 +339,45 @@ class EvalConfig(Strict):
     """Also evaluate the untrained policy, as step 0 (the start of every held-out curve)."""
 
 
+class AlarmConfig(Strict):
+    """One collapse alarm (:mod:`scope.alarms`): a detector, its rule's threshold and window, and an action."""
+
+    name: str
+    """The alarm's name in the logs, the metrics (``alarm/<name>``) and the trackers."""
+    detector: Literal["exploit", "gap", "entropy_floor", "self_similarity_ceiling", "zero_variance_ceiling",
+                      "partner_modal_mass_ceiling"]
+    """exploit: the training reward rises while the unseen reward falls (paired s.e., over evaluations; another
+    family's unseen members where the panel has them); gap: the seen-minus-unseen gap widens (paired s.e.);
+    entropy_floor, self_similarity_ceiling, zero_variance_ceiling: a step metric's recent mean passes a bound;
+    partner_modal_mass_ceiling: the partner's modal mass at the probe states."""
+    threshold: float | None = None
+    """The rule's bound (standard errors for exploit and gap); None: the detector's default
+    (``scope.alarms.DEFAULTS``, chosen on the collapse lab's seed-0 runs)."""
+    window: int | None = Field(default=None, ge=1)
+    """Evaluations (exploit, gap) or steps (the others) the rule reads; None: the detector's default."""
+    action: Literal["warn", "stop", "switch"] = "warn"
+    """warn: a log line, a tracker event and a mark on the curves; stop: then end the run at that step;
+    switch: then the partner plays ``monitor.fallback`` from the next step on."""
+
+
+class MonitorConfig(Strict):
+    alarms: list[AlarmConfig] = []
+    """Collapse alarms checked at every step (``scope alarms RUN`` re-scores a finished run offline)."""
+    fallback: dict[str, Any] | None = None
+    """What the partner becomes on a ``switch`` alarm: keys of the partner's config set over it (e.g.
+    ``{source: rotation, rotation: [...]}``, or ``{decoding: vs}``); the partner must be frozen."""
+
+    @model_validator(mode="after")
+    def _names(self):
+        names = [a.name for a in self.alarms]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"monitor.alarms: the name {dup[0]!r} is used twice")
+        if any(a.action == "switch" for a in self.alarms) and not self.fallback:
+            raise ValueError("monitor.alarms: a switch alarm needs monitor.fallback (what the partner becomes)")
+        return self
+
+
 class DiagnosticsConfig(Strict):
     decompose_every: int = Field(default=0, ge=0)
     """Every this many steps (0: never), split the group reward variance into partner and agent parts by
@@ -431,6 +470,7 @@ class Config(Strict):
     train: TrainConfig = TrainConfig()
     eval: EvalConfig = EvalConfig()
     diagnostics: DiagnosticsConfig = DiagnosticsConfig()
+    monitor: MonitorConfig = MonitorConfig()
     parallel: ParallelConfig = ParallelConfig()
 
     @field_validator("models")
@@ -452,6 +492,16 @@ class Config(Strict):
                                  f"{self.models[rc.model].backend}")
             if rc.source == "pool" and self.models[rc.model].finetune != "lora":
                 raise ValueError(f"{role}: a pool holds LoRA adapters; models.{rc.model}.finetune must be lora")
+        if any(a.detector in ("exploit", "gap") for a in self.monitor.alarms) and not self.eval.panel:
+            raise ValueError("monitor.alarms: the exploit and gap detectors read the panel's evaluations; set "
+                             "eval.panel")
+        if self.monitor.fallback is not None:
+            fb = self.fallback_partner()
+            if fb.trainable or self.partner.trainable:
+                raise ValueError("monitor.fallback: a switch replaces a frozen partner by a frozen one")
+            missing = [s.model for s in fb.specs() if s.model not in self.models]
+            if missing:
+                raise ValueError(f"monitor.fallback: {missing[0]!r} is not one of models ({', '.join(self.models)})")
         if self.train.steps == 0 and not self.eval.panel:
             raise ValueError("train.steps: 0 evaluates the policy as built on eval.panel, which is not set")
         if self.env.judge is not None and self.env.judge.model not in self.models:
@@ -496,6 +546,15 @@ class Config(Strict):
         if self.envsim is not None and self.envsim.self_play:
             raise ValueError("envsim.self_play: the environment simulator plays the tools, not the agent")
         return self
+
+    def fallback_partner(self) -> RoleConfig:
+        """The partner a ``switch`` alarm puts in place: ``monitor.fallback`` set over the partner's config."""
+        data = {**self.partner.model_dump(exclude_unset=True), **(self.monitor.fallback or {})}
+        try:
+            return RoleConfig.model_validate(data)
+        except ValidationError as e:
+            msg = format_validation_error(e).removeprefix("invalid config: ")
+            raise ValueError(f"monitor.fallback: {msg}") from None
 
     def roles(self) -> dict[str, RoleConfig]:
         out = {"agent": self.agent, "partner": self.partner}

@@ -1,5 +1,6 @@
-"""``scope plot RUN_DIR [RUN_DIR ...]``: PNG figures of several runs overlaid, and a markdown table of
-best and final held-out scores per run."""
+"""``scope plot RUN_DIR [RUN_DIR ...]``: PNG figures of several runs overlaid (a dotted line where a collapse
+alarm fired, and a dashed one where the partner was switched), and a markdown table of best and final held-out
+scores per run with the alarms that fired."""
 from __future__ import annotations
 
 import math
@@ -56,6 +57,11 @@ def plot_runs(run_dirs: list[str], out_dir: str) -> list[str]:
             if not xs:
                 continue
             line, = ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, ms=3, label=label)
+            for m in ms:  # the alarms that fired (scope.alarms), and a partner switch, on every curve
+                if m.get("alarm_events"):
+                    ax.axvline(m["step"], ls=":", lw=1, color=line.get_color())
+                if m.get("partner_switched"):
+                    ax.axvline(m["step"], ls="--", lw=1, color=line.get_color())
             if band:
                 bx, bs = _series(ms, band)
                 sd = dict(zip(bx, bs))
@@ -111,6 +117,11 @@ def scores_table(runs: dict[str, list[dict[str, Any]]]) -> str:
         chosen = f"{iv(best, 'seen')} ({best['step']})" if best else "n/a"
         lines.append(f"| {label} | {chosen} | {iv(best, 'unseen')} | {iv(last, 'seen')} | {iv(last, 'unseen')} | "
                      f"{f(window(tr))} |")
+    events = [(label, e) for label, ms in runs.items() for m in ms for e in m.get("alarm_events", [])]
+    if events:
+        lines += ["", "Alarms that fired (dotted on the curves):", ""]
+        lines += [f"- {label}: {e['name']} ({e['detector']}) at step {e['step']}, action {e['action']}: {e['message']}"
+                  for label, e in events]
     return "\n".join(lines) + "\n"
 
 

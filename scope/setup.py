@@ -50,6 +50,15 @@ def build_models(cfg: Config) -> tuple[dict[str, LocalBackend], dict[str, Any], 
     return backends, build_sources(cfg, frozen, trainable), trainable
 
 
+def fallback_source(cfg: Config, backends: dict[str, LocalBackend]):
+    """The partner's source after a ``switch`` alarm (``monitor.fallback``), its models on the loaded backends."""
+    from .partners.sources import role_source
+
+    fb = cfg.fallback_partner()
+    frozen = frozen_refs({s.model: cfg.models[s.model] for s in fb.specs()}, backends, cfg.run.seed)
+    return role_source("partner", fb, frozen, {}, cfg.run.seed)
+
+
 def build_judge(cfg: Config, backends: dict[str, LocalBackend]):
     """The binding of ``env.judge`` (frozen: a model's base weights or an endpoint), or None."""
     if cfg.env.judge is None:

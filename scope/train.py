@@ -33,9 +33,10 @@ from .rollout_workers import make_rollout, scale_metrics
 from .rollout import Job, Play, make_jobs
 from .monitor import PanelEval, PartnerProbe, step_diagnostics
 from .plot import run_plots
-from .run import Checkpointer, MetricsLogger, RunDir, eta, rollout_records
+from .alarms import Watch, switched_by, write_summary
+from .run import Checkpointer, MetricsLogger, RunDir, eta, read_metrics, rollout_records
 from .guards import check_start, endpoint_metrics, starting, stop_if_dead
-from .setup import build_judge, build_models
+from .setup import build_judge, build_models, fallback_source
 from .types import Episode, Task
 
 
@@ -138,11 +139,14 @@ def _train(cfg: Config, tasks: list[Task], resume: bool, on_step_end, log, confi
     rollout = make_rollout(cfg, backends)  # in this process, or in Ray workers
     sampler, env_rng = TaskSampler(tasks, cfg.run.seed), random.Random(cfg.run.seed + 1)
     ckpt = Checkpointer(run, cfg)
+    if resume and ckpt.list() and switched_by(run.path, int(ckpt.list()[-1][len("step_"):])) is not None:
+        sources["partner"] = fallback_source(cfg, backends)  # a switch alarm had fired before the checkpoint
     start = resume_from(ckpt, backends, learners, sampler, env_rng, sources, shares, log) if resume else 0
     if start == 0:
         for pool in pools.values():
             pool.snapshot(0)  # the pool starts with the initial partner
     metrics_log = MetricsLogger(run, cfg, start_step=start)
+    watch = Watch(cfg, run.path, log) if cfg.monitor.alarms else None
     evaluator = PanelEval(cfg, backends, trainable["agent"], run, judge) \
         if cfg.eval.panel and "agent" in trainable else None
     if evaluator is not None and evaluator.warning:
@@ -185,15 +189,23 @@ def _train(cfg: Config, tasks: list[Task], resume: bool, on_step_end, log, confi
         metrics.update(rollout_seconds=t1 - t0, train_seconds=t2 - t1, step_seconds=t2 - t0,
                        tokens_generated=rstats.tokens_generated,
                        tokens_per_second=rstats.tokens_generated / max(t1 - t0, 1e-9))
+        action = watch.step(step, metrics) if watch is not None else None  # collapse alarms (scope.alarms)
         metrics_log.write(step, metrics)
         if cfg.run.save_rollouts:
             run.write_rollouts(step, rollout_records(episodes))
         log(f"{step_line(step, cfg.train.steps, metrics)} | "
             f"{eta(time.time() - t_loop, step - start, cfg.train.steps - step)}")
-        if step % cfg.run.save_every == 0 or step == cfg.train.steps:
+        if step % cfg.run.save_every == 0 or step == cfg.train.steps or action == "stop":
             ckpt.save(step, backends, learners, sampler, env_rng, sources, before_publish=shares and shares.save)
         if on_step_end:
             on_step_end(step)
+        if action == "switch":  # the partner plays monitor.fallback from the next step on
+            sources["partner"] = fallback_source(cfg, backends)
+        if action == "stop":
+            log(f"stopped: {metrics['stop_reason']}")
+            break
+    if watch is not None:
+        write_summary(run.path, read_metrics(run.path))
     metrics_log.close(run_plots(run.path) if metrics_log.wants_plots else None)
     rollout.close()
     return run

@@ -1,15 +1,16 @@
-"""Commands around one run: ``train``, ``check-config``, ``eval``, ``diagnose``, ``plot``, ``data``, ``serve``."""
+"""Commands around one run: ``train``, ``check-config``, ``eval``, ``diagnose``, ``plot``, ``data``, ``serve``,
+``alarms``."""
 from __future__ import annotations
 
 import argparse
 import os
 
 from ..config import load_config
-from .common import UsageError, add_set, log
+from .common import FILES, UsageError, add_set, log
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
-    for add in (add_train, add_check, add_serve, add_eval, add_diagnose, add_data, add_plot):
+    for add in (add_train, add_check, add_serve, add_eval, add_diagnose, add_data, add_plot, add_alarms):
         add(sub)
 
 
@@ -202,4 +203,24 @@ def plot(args: argparse.Namespace) -> int:
 
     for p in plot_runs(args.runs, args.out):
         print(p)
+    return 0
+
+
+def add_alarms(sub: argparse._SubParsersAction) -> None:
+    al = sub.add_parser("alarms", help="re-score a run's collapse alarms offline (its own, or others to try)")
+    al.add_argument("run", help="a run directory (its metrics.jsonl and eval/)")
+    al.add_argument("--config", help="a config whose monitor.alarms to check (default: the run's own)")
+    add_set(al, "set an alarm key, e.g. --set 'monitor.alarms=[{name: e, detector: exploit, threshold: 1.5}]'")
+    al.set_defaults(fn=alarms, user_errors=FILES)
+
+
+def alarms(args: argparse.Namespace) -> int:
+    """The alarms as the run would have fired them live (:func:`scope.alarms.replay`), at the same steps."""
+    from ..alarms import markdown, replay
+    from ..config import load_config
+
+    cfg = load_config(args.config or os.path.join(args.run, "config.yaml"), args.set)
+    if not cfg.monitor.alarms:
+        raise UsageError("no alarms to check: the config has no monitor.alarms (give --config or --set)")
+    print(markdown(replay(args.run, cfg.monitor.alarms)), end="")
     return 0

@@ -32,14 +32,14 @@ NAME = re.compile(r"^(?P<arm>[a-z0-9_]+)-seed(?P<seed>\d+)\.tar\.gz$")
 
 def finished(run_dir: str, steps: int) -> bool:
     """Whether ``run_dir``'s metrics reach step ``steps`` (0 for a run that evaluates the policy as built, whose
-    one line is that evaluation)."""
+    one line is that evaluation), or a ``stop`` alarm ended the run before it (``scope.alarms``)."""
     from ..run import read_metrics
 
     path = os.path.join(run_dir, "metrics.jsonl")
     if not os.path.exists(path):
         return False
     try:
-        return any(m.get("step") == steps for m in read_metrics(path))
+        return any(m.get("step") == steps or m.get("stop_reason") for m in read_metrics(path))
     except (ValueError, OSError):
         return False
 

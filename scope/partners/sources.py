@@ -127,10 +127,13 @@ def persona_source(ctx: SourceContext) -> PartnerSource:
 def build_sources(cfg: Config, frozen_refs: dict[str, ModelHandle],
                   trainable_refs: dict[str, ModelRef]) -> dict[str, PartnerSource]:
     """One source per role: who plays it in each rollout, built by its ``source``'s registered builder."""
-    out: dict[str, PartnerSource] = {}
-    for role, rc in cfg.roles().items():
-        trained = trainable_refs[role] if rc.trainable else None
-        bindings = [spec_binding(rc, trained)] if trained is not None else \
-            [spec_binding(s, frozen_refs[s.model]) for s in rc.specs()]
-        out[role] = PARTNER_SOURCES.get(rc.source)(SourceContext(role, rc, bindings, trained, cfg.run.seed))
-    return out
+    return {role: role_source(role, rc, frozen_refs, trainable_refs, cfg.run.seed) for role, rc in cfg.roles().items()}
+
+
+def role_source(role: str, rc, frozen_refs: dict[str, ModelHandle], trainable_refs: dict[str, ModelRef],
+                seed: int) -> PartnerSource:
+    """The source of one role's config ``rc`` (its registered builder's)."""
+    trained = trainable_refs[role] if rc.trainable else None
+    bindings = [spec_binding(rc, trained)] if trained is not None else \
+        [spec_binding(s, frozen_refs[s.model]) for s in rc.specs()]
+    return PARTNER_SOURCES.get(rc.source)(SourceContext(role, rc, bindings, trained, seed))
