@@ -201,3 +201,15 @@ def test_every_relative_link_in_the_docs_resolves():
             if not os.path.exists(path):
                 bad.append(f"{os.path.relpath(doc, ROOT)}: {target}")
     assert not bad, bad
+
+
+def test_help_shows_the_first_commands_first_and_every_command_in_a_group():
+    r = subprocess.run(SCOPE + ["--help"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 0
+    first = r.stdout[r.stdout.index("first:"):].splitlines()[1:7]
+    assert [ln.split()[0] for ln in first] == ["train", "eval", "serve", "check-config", "plot", "grid"]
+    from scope.cli import parser
+
+    sub = next(a for a in parser()._actions if a.dest == "cmd")
+    listed = {ln.split()[0] for ln in r.stdout.splitlines() if ln.startswith("  ") and not ln.startswith("   ")}
+    assert set(sub.choices) <= listed

@@ -2,6 +2,7 @@
 
     python -m recipes.collapse_lab sweep KEY=V1,V2,... [--arms single,vs] [--seeds 1] [--quick] [--out DIR]
     python -m recipes.collapse_lab cards [--config CFG] [--adapter CKPT] [--episodes 64]
+    python -m recipes.collapse_lab alarms [--choose GRID] [--hold NAME=GRID ...] [--out DIR]
 """
 from __future__ import annotations
 
@@ -11,6 +12,10 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["alarms"]:
+        from .alarms import main as alarms_main
+
+        return alarms_main(argv[1:])
     if argv[:1] == ["cards"]:
         from .cards import main as cards_main
 
@@ -27,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     sw.add_argument("--out", help="output directory (default runs/lab-sweep/<knob>)")
     sw.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     sub.add_parser("cards", help="the behaviour cards of a lab config's panel (see --help after `cards`)")
+    sub.add_parser("alarms", help="choose the collapse alarms' thresholds on seed 0, replay them on other runs")
     a = ap.parse_args(argv)
     from .sweep import parse_sweep, run_sweep, sweep_table
 

@@ -16,11 +16,30 @@ from . import apps, experiments, runs
 from .common import UsageError
 
 
+FIRST = ("train", "eval", "serve", "check-config", "plot", "grid")
+"""The commands a user needs first, at the top of ``scope --help``; the rest follow, grouped."""
+GROUPS = {"runs": ("diagnose", "alarms", "data"), "experiments and their tools": ("sim", "personas"),
+          "applications": ("study", "envsim", "koth")}
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="scope", description="Multi-turn RL for LLM agents against LLM partners.")
-    sub = p.add_subparsers(dest="cmd", required=True)
+    p = argparse.ArgumentParser(prog="scope", description="Multi-turn RL for LLM agents against LLM partners.",
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND", help="one of the commands below")
     for group in (runs, experiments, apps):
         group.add_parsers(sub)
+    helps = {a.dest: a.help for a in sub._choices_actions}
+    listed = [*FIRST, *(c for cs in GROUPS.values() for c in cs)]
+    missing = sorted(set(sub.choices) - set(listed))
+    assert not missing, f"scope --help does not list {missing}"  # a new command must be placed in a group
+    width = max(len(c) for c in listed) + 2
+
+    def block(title: str, names) -> str:
+        return f"{title}:\n" + "\n".join(f"  {n:<{width}}{helps[n]}" for n in names)
+
+    p.epilog = "\n\n".join([block("first", FIRST)] + [block(t, cs) for t, cs in GROUPS.items()]) + \
+        "\n\n`scope COMMAND --help` says more."
+    sub._choices_actions.clear()  # (listed in the epilog, in that order)
     return p
 
 

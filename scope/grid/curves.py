@@ -1,5 +1,6 @@
 """A grid's figures: ``curves.png`` (every curve side by side) and one PNG per curve, each arm averaged over
-its seeds; an arm evaluated once (the policy as built) is drawn as a level."""
+its seeds; an arm evaluated once (the policy as built) is drawn as a level; a collapse alarm that fired in a run
+(``scope.alarms``) is a dotted line at its step, in its arm's colour."""
 from __future__ import annotations
 
 import os
@@ -52,7 +53,9 @@ def draw(ax, runs: dict[str, list], key: str, title: str, labels: dict[str, str]
         if len(xs) == 1:  # evaluated once: a level, not a curve
             ax.axhline(ys[0], ls=":", color="gray", label=labels[a])
             continue
-        ax.plot(xs, ys, marker="o" if len(xs) < 12 else None, ms=3, label=labels[a])
+        line, = ax.plot(xs, ys, marker="o" if len(xs) < 12 else None, ms=3, label=labels[a])
+        for step in sorted({s for r in rs for s, _ in r.get("alarms", [])}):
+            ax.axvline(step, ls=":", lw=1, color=line.get_color())
     ax.set_title(title, fontsize=9)
     ax.set_xlabel("step")
     ax.grid(alpha=0.3)

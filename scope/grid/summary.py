@@ -61,7 +61,8 @@ def run_summary(run_dir: str) -> dict[str, Any]:
            "per_partner": {k[len("eval/partner/"):]: v for k, v in last.items() if k.startswith("eval/partner/")},
            "cells": {str(k): v for k, v in cells.items()}, "seen_flags": seen_flags,
            "dialogues": counts.get(int(last["step"]), {}) if last else {},
-           "last_eval_step": last.get("step")}
+           "last_eval_step": last.get("step"),
+           "alarms": [(int(m["step"]), e["name"]) for m in ms for e in m.get("alarm_events", [])]}
     out.update(_training(ms, curves))
     out.update(_unseen_course(curves["eval/unseen_mean"]))
     seen = [m for m in ev if m["step"] > 0 and isinstance(m.get("eval/seen_mean"), (int, float))]
