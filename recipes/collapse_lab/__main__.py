@@ -3,15 +3,24 @@
     python -m recipes.collapse_lab sweep KEY=V1,V2,... [--arms single,vs] [--seeds 1] [--quick] [--out DIR]
     python -m recipes.collapse_lab cards [--config CFG] [--adapter CKPT] [--episodes 64]
     python -m recipes.collapse_lab alarms [--choose GRID] [--hold NAME=GRID ...] [--out DIR]
+    python -m recipes.collapse_lab models [--check]   # ship the models the configs name / rebuild and compare
 """
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["models"]:
+        from .prebuilt import check, write
+
+        if "--check" in argv:
+            return 0 if all(check(lambda s: print(s, flush=True)).values()) else 1
+        write(os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs"), lambda s: print(s, flush=True))
+        return 0
     if argv[:1] == ["alarms"]:
         from .alarms import main as alarms_main
 
@@ -33,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     sw.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     sub.add_parser("cards", help="the behaviour cards of a lab config's panel (see --help after `cards`)")
     sub.add_parser("alarms", help="choose the collapse alarms' thresholds on seed 0, replay them on other runs")
+    sub.add_parser("models", help="ship the models the configs name (prebuilt/), or --check: rebuild and compare")
     a = ap.parse_args(argv)
     from .sweep import parse_sweep, run_sweep, sweep_table
 

@@ -44,6 +44,7 @@ from .env import (
     reminder,
 )
 from scope.partners import vs as vs_mod
+from .prebuilt import restore
 from .corpus import (
     ECHO_WORDS,
     RULES,
@@ -207,25 +208,50 @@ KINDS = {"agent": {"seed"},
          "customer": {"seed", "temperament", "style", "collapse", "persona_adherence", "vs_fidelity"}}
 
 
-def _source_digest() -> str:
-    """What the corpora and the training are made of: the corpus and model code, and the lab's texts, and
-    the environment's turn logic (its grading and bookkeeping do not change a model). A change to
-    any of them invalidates the cache."""
+def _code(obj) -> str:
+    """What a module's or function's code does, as its syntax tree without docstrings and imports: a comment, a
+    docstring or an import's path may change without changing a model."""
+    import ast
     import inspect
+    import textwrap
 
+    tree = ast.parse(textwrap.dedent(inspect.getsource(obj)))
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list):
+            node.body = [b for b in body if not isinstance(b, (ast.Import, ast.ImportFrom))
+                         and not (isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant)
+                                  and isinstance(b.value.value, str))] or [ast.Pass()]
+    return ast.dump(tree)
+
+
+SHAPING = ("_inventory", "build_tokenizer", "encode_example", "_cosine", "fresh_model", "train_lm", "base_examples")
+"""This module's functions that shape a model's weights (the rest finds, copies and caches them)."""
+
+
+def _source_digest() -> str:
+    """What the corpora and the training are made of: the corpus code, the functions of this module that shape a
+    model (:data:`SHAPING`), the lab's texts, and the environment's turn logic (its grading and bookkeeping do not
+    change a model), each as code (:func:`_code`). A change to any of them invalidates the cache."""
     from . import env as env_lab
     from . import corpus
 
     h = hashlib.sha256()
-    for mod in (corpus, sys.modules[__name__]):
-        h.update(inspect.getsource(mod).encode())
+    h.update(_code(corpus).encode())
+    me = sys.modules[__name__]
+    for name in SHAPING:
+        h.update(_code(getattr(me, name)).encode())
     texts = {k: getattr(env_lab, k) for k in ("NEEDS", "PLANS", "NAMES", "TEST_NAMES", "AGENT_PROMPT", "OPENING",
                                                "CUSTOMER_PROMPT", "ACCEPT", "REFUSE", "ASK", "PITCH", "CHAT",
                                                "STYLES", "PERSONAS")}
     h.update(json.dumps(texts, sort_keys=True).encode())
+    h.update(json.dumps({"vocab": VOCAB, "specials": SPECIALS, "chatml": CHATML, "vs_prefix": vs_mod.JSON_PREFIX},
+                        sort_keys=True).encode())
+    for fn in (vs_mod.instruction, vs_mod.with_instruction):  # scope's Verbalized Sampling request, in the corpora
+        h.update(_code(fn).encode())
     for fn in (env_lab.reminder, env_lab.need_of, env_lab.plan_of, env_lab.classify_reply,
                env_lab.CollapseLab.__init__, env_lab.CollapseLab.next_role, env_lab.CollapseLab.on_reply):
-        h.update(inspect.getsource(fn).encode())
+        h.update(_code(fn).encode())
     return h.hexdigest()
 
 
@@ -253,7 +279,7 @@ def _save(model, tok, out: str, info: dict[str, Any]) -> None:
 def build_base(log: Callable[[str], None] = print) -> str:
     """The shared base model (both roles' language, copying the customer's need), built once."""
     out = os.path.join(lab_root(), f"base-{_key('base', {})}")
-    if os.path.exists(os.path.join(out, "model.safetensors")):
+    if os.path.exists(os.path.join(out, "model.safetensors")) or restore(out):
         return out
     t0 = time.time()
     log(f"  lab: building the shared base model; cached in {out}")
@@ -287,7 +313,7 @@ def build(name: str, options: dict[str, Any], log: Callable[[str], None] = print
     else:
         options = {"seed": seed}
     out = os.path.join(lab_root(), f"{name}-{_key(name, options)}")
-    if os.path.exists(os.path.join(out, "model.safetensors")):
+    if os.path.exists(os.path.join(out, "model.safetensors")) or restore(out):
         return out
     base = build_base(log)
     t0 = time.time()
