@@ -38,8 +38,8 @@ from typing import Any, Callable
 from .stats import TRAIN_WINDOW, task_bootstrap
 
 DEFAULTS: dict[str, dict[str, float]] = {
-    # the thresholds and windows a detector takes when its config leaves them out; chosen on the collapse lab's
-    # seed-0 runs only (recipes/collapse_lab/NOTES.md, "Collapse alarms"), then held against every other run
+    # the thresholds and windows a detector takes when its config leaves them out; chosen on one set of runs, then
+    # held against others (docs/evaluation.md, "Collapse alarms", says which)
     "exploit": {"threshold": 2.0, "window": 3},
     "gap": {"threshold": 2.0, "window": 3},
     "entropy_floor": {"threshold": 0.15, "window": 4},

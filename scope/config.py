@@ -5,7 +5,6 @@ Defaults follow the paper's recipe: 16 tasks x G=8 rollouts, temperature 0.7, KL
 """
 from __future__ import annotations
 
-import os
 from typing import Any, Literal
 
 import yaml
@@ -280,6 +279,17 @@ class RolloutConfig(Strict):
     workers: int = Field(default=0, ge=0)
     """0: dialogues run in this process. N > 0: in N Ray actors, each with its own copy of the models
     (scope/rollout_workers.py; needs ``pip install 'scope[scale]'``)."""
+    max_staleness: int = Field(default=0, ge=0)
+    """K, asynchronous rollouts (scope/pipeline.py). 0: each step's dialogues are generated, then trained on
+    (synchronous). K >= 1: the dialogues of the next K steps are generated while this step trains, on the
+    weights of the last version sent; a step trains only on episodes whose oldest trained turn is at most K
+    versions behind its learner. Generation runs in Ray workers (``workers`` > 0), on the vLLM engine, or in a
+    thread of this process with its own copy of the models."""
+    stale: Literal["drop", "finish"] = "drop"
+    """With ``max_staleness`` >= 1: ``drop``: a step's dialogues play on the weights they started with; an episode
+    past the bound is left out of training. ``finish`` (partial rollout): the generator takes up every new version
+    between turns, so dialogues under way finish on the newer weights; an episode past the bound is kept. Both
+    are counted (``async/dropped_episodes``, ``async/finished_episodes``)."""
 
 
 class RayConfig(Strict):
@@ -316,6 +326,12 @@ class TrainConfig(Strict):
     trained pass runs every row whole); memory grows with it."""
     num_minibatches: int = Field(default=1, ge=1)
     """Optimizer steps per update, each on its share of the step's episodes."""
+    tis_cap: float | None = Field(default=None, ge=1)
+    """Truncated importance sampling (off: unset). The clipped ratio is taken against the learner's own
+    log-probs at the start of the update, and each token's policy-gradient term is weighted by
+    min(learner / behaviour probability, tis_cap): the correction for tokens sampled by older weights
+    (``rollout.max_staleness``) or another engine (vLLM). Logs ``train/mismatch_kl`` and ``train/tis_truncated``
+    (the share of tokens the cap cut). Unset, the ratio is against the behaviour log-probs."""
     success_threshold: float = 1.0
     """A group is all-success when every reward is >= this, all-failure when every reward is <= 0."""
     no_signal_warn: int = Field(default=3, ge=1)
@@ -352,7 +368,7 @@ class AlarmConfig(Strict):
     partner_modal_mass_ceiling: the partner's modal mass at the probe states."""
     threshold: float | None = None
     """The rule's bound (standard errors for exploit and gap); None: the detector's default
-    (``scope.alarms.DEFAULTS``, chosen on the collapse lab's seed-0 runs)."""
+    (``scope.alarms.DEFAULTS``; docs/evaluation.md says where they were chosen)."""
     window: int | None = Field(default=None, ge=1)
     """Evaluations (exploit, gap) or steps (the others) the rule reads; None: the detector's default."""
     action: Literal["warn", "stop", "switch"] = "warn"
@@ -482,69 +498,9 @@ class Config(Strict):
 
     @model_validator(mode="after")
     def _check_refs(self):
-        for role, rc in self.roles().items():
-            for i, spec in enumerate(rc.specs()):
-                where = f"{role}.rotation.{i}.model" if rc.source == "rotation" else f"{role}.model"
-                if spec.model not in self.models:
-                    raise ValueError(f"{where}: {spec.model!r} is not one of models ({', '.join(self.models)})")
-            if rc.trainable and self.models[rc.model].backend == "openai":
-                raise ValueError(f"{role}: a trainable role needs a local or vllm model, {rc.model!r} is "
-                                 f"{self.models[rc.model].backend}")
-            if rc.source == "pool" and self.models[rc.model].finetune != "lora":
-                raise ValueError(f"{role}: a pool holds LoRA adapters; models.{rc.model}.finetune must be lora")
-        if any(a.detector in ("exploit", "gap") for a in self.monitor.alarms) and not self.eval.panel:
-            raise ValueError("monitor.alarms: the exploit and gap detectors read the panel's evaluations; set "
-                             "eval.panel")
-        if self.monitor.fallback is not None:
-            fb = self.fallback_partner()
-            if fb.trainable or self.partner.trainable:
-                raise ValueError("monitor.fallback: a switch replaces a frozen partner by a frozen one")
-            missing = [s.model for s in fb.specs() if s.model not in self.models]
-            if missing:
-                raise ValueError(f"monitor.fallback: {missing[0]!r} is not one of models ({', '.join(self.models)})")
-        if self.train.steps == 0 and not self.eval.panel:
-            raise ValueError("train.steps: 0 evaluates the policy as built on eval.panel, which is not set")
-        if self.env.judge is not None and self.env.judge.model not in self.models:
-            raise ValueError(f"env.judge.model: {self.env.judge.model!r} is not one of models "
-                             f"({', '.join(self.models)})")
-        a, p = self.agent, self.partner
-        if a.trainable and p.trainable and not p.self_play and a.model == p.model \
-                and self.models[a.model].finetune == "full":
-            raise ValueError("agent and partner both fully fine-tune model "
-                             f"{a.model!r}: give the partner its own models entry (its own weights)")
-        for role, rc in (("agent", a), ("partner", p)):
-            mc = self.models[rc.model]
-            if rc.trainable and mc.finetune == "full" and mc.backend == "vllm" and mc.vllm.base_url:
-                other = "agent" if role == "partner" else "partner"
-                users = [s.model for s in getattr(self, other).specs() if not getattr(self, other).trainable]
-                if self.env.judge is not None:
-                    users.append(self.env.judge.model)
-                if rc.model in users:
-                    raise ValueError(f"models.{rc.model}: fully fine-tuned, its engine at vllm.base_url serves the "
-                                     f"trained weights, so a frozen role cannot sample from it there; give the "
-                                     f"frozen role its own models entry (or drop base_url: a second engine starts)")
-        if self.agent.self_play:
-            raise ValueError("agent.self_play: self-play is set on the partner (it plays with the agent's adapter)")
-        if self.partner.self_play and (not self.agent.trainable or self.partner.model != self.agent.model):
-            raise ValueError("partner.self_play needs a trainable agent on the same model")
-        if self.partner.self_play and self.partner.temperature != self.agent.temperature:
-            raise ValueError("partner.self_play: both roles sample from one policy; use the same temperature")
-        from .envs.base import get_env
+        from .config_checks import check_whole
 
-        try:
-            env_cls = get_env(self.env.name)
-        except KeyError as e:
-            raise ValueError(f"env.name: {e.args[0]}") from None
-        self.env.options = env_cls.check_options(self.env.options)  # names and types, before anything runs
-        simulated = self.env.options.get("tools") == "simulated"
-        if simulated and self.envsim is None:
-            raise ValueError("env.options.tools: simulated needs an envsim role (envsim: {model: ...}): the model "
-                             "that answers the agent's tool calls")
-        if self.envsim is not None and not simulated:
-            raise ValueError("envsim: an environment simulator plays only with env.options.tools: simulated "
-                             "(tau2_retail, tau2_airline)")
-        if self.envsim is not None and self.envsim.self_play:
-            raise ValueError("envsim.self_play: the environment simulator plays the tools, not the agent")
+        check_whole(self)  # the checks across sections (a role's model, alarms' panel, self-play, the env)
         return self
 
     def fallback_partner(self) -> RoleConfig:
@@ -598,50 +554,6 @@ def parse_config(data: dict[str, Any] | None) -> Config:
         return Config.model_validate(data or {})
     except ValidationError as e:
         raise ConfigError(format_validation_error(e)) from None
-
-
-def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for k, v in over.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
-def read_mapping(path: str, missing: str = "not found") -> dict[str, Any]:
-    """A YAML file whose top level is a mapping; a missing file (``missing`` says why it is needed), bad YAML or
-    another top level is a ``ConfigError`` that names the file."""
-    if not os.path.exists(path):
-        raise ConfigError(f"{path} {missing}")
-    with open(path) as f:
-        try:
-            data = yaml.safe_load(f) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{path}: not valid YAML ({e})") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping")
-    return data
-
-
-def read_config_data(path: str, _seen: tuple[str, ...] = ()) -> dict[str, Any]:
-    """A config file as a dict. ``extends: OTHER.yaml`` (relative to this file) starts from that file's
-    values; mappings merge key by key, anything else in this file replaces the other's value."""
-    if not os.path.exists(path):
-        raise ConfigError(f"config file {path} not found")
-    data = read_mapping(path)
-    parent = data.pop("extends", None)
-    if parent is not None:
-        ppath = os.path.normpath(os.path.join(os.path.dirname(path), str(parent)))
-        if ppath in _seen:
-            raise ConfigError(f"{path}: extends {parent} in a loop")
-        data = _merge(read_config_data(ppath, _seen + (ppath,)), data)
-    return data
-
-
-def load_config(path: str, overrides: list[str] | None = None) -> Config:
-    data = read_config_data(path)
-    for ov in overrides or []:
-        apply_override(data, ov)
-    return parse_config(data)
 
 
 def apply_override(data: dict[str, Any], item: str) -> None:

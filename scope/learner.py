@@ -101,7 +101,7 @@ class LossTerms:
 
 
 def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, ref_logp: torch.Tensor | None,
-              eps_low: float, eps_high: float, kl_coef: float) -> LossTerms:
+              eps_low: float, eps_high: float, kl_coef: float, is_weight: torch.Tensor | None = None) -> LossTerms:
     """The per-token GRPO loss, a pure function of tensors of the trained tokens.
 
     - Clipped surrogate (PPO, Schulman et al. 2017): ``pg = -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)``
@@ -110,11 +110,15 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, ref
     - KL to the reference (GRPO, Shao et al. 2024, with Schulman's k3 estimator):
       ``kl = exp(ref - logp) - (ref - logp) - 1``, non-negative and unbiased for KL(policy || reference).
     - ``A`` is the trajectory's group-relative advantage, the same on every token of it.
+    - ``is_weight`` (no gradient): a per-token importance weight on ``pg``, truncated importance sampling
+      (``Learner``'s ``tis_cap``); ``old_logp`` is then the learner's own log-probs at the update's start.
 
     The caller averages ``loss`` over the minibatch's trained tokens. ``clipped`` marks the tokens whose
     gradient the clip removed (ratio past its bound on the side the advantage pushes)."""
     ratio = torch.exp(logp - old_logp)
     pg = -torch.minimum(ratio * adv, ratio.clamp(1 - eps_low, 1 + eps_high) * adv)
+    if is_weight is not None:
+        pg = pg * is_weight
     kl = torch.zeros_like(pg)
     loss = pg
     if ref_logp is not None:
@@ -202,6 +206,11 @@ class LearnerConfig:
     micro_batch_tokens: int = 1024
     num_minibatches: int = 1
     temperature: float = 0.7
+    tis_cap: float | None = None
+    """Truncated importance sampling (off: None). The clipped ratio is then taken against the learner's own
+    log-probs at the start of the update (recomputed, no gradient), and each token's policy-gradient term is
+    weighted by min(exp(learner - behaviour), tis_cap): the correction for tokens sampled by older weights (an
+    asynchronous rollout) or by another engine. Off, the ratio is against the behaviour log-probs."""
 
 
 class LogProbs(torch.nn.Module):
@@ -291,6 +300,7 @@ class Learner:
 
     def __init__(self, backend: LocalBackend, adapter: str | None, cfg: LearnerConfig):
         self.backend, self.adapter, self.cfg = backend, adapter, cfg
+        self._prox: dict[int, torch.Tensor] | None = None  # (truncated importance sampling's, during an update)
         if os.environ.get("SCOPE_PIN_MMAP", "1") != "0" and allocator() == "glibc":  # 0: glibc's default
             pin_mmap_threshold()  # the update's peak stays flat over steps and adapters (jemalloc's does anyway)
         self.params = backend.set_trainable(adapter)
@@ -360,6 +370,7 @@ class Learner:
         minibatches = self.minibatches(items)
         self._begin()
         try:
+            self._prox = self._proximal(items) if self.cfg.tis_cap is not None else None
             for mb in minibatches:
                 n_tok = self.n_tokens(mb)
                 self.optimizer.zero_grad(set_to_none=True)
@@ -379,7 +390,28 @@ class Learner:
         for p in self.params:  # (a loaded or copied adapter may have requires_grad off)
             p.requires_grad_(True)
 
+    @torch.no_grad()
+    def _proximal(self, items: list[tuple[Trace, float]]) -> dict[int, torch.Tensor]:
+        """Each trace's trained tokens' log-probs under the weights as they are now (before this update's first
+        step), keyed by ``id(trace)``: truncated importance sampling's reference. Every rank of a data-parallel
+        learner runs the same passes, in the same order."""
+        out: dict[int, torch.Tensor] = {}
+        dev = getattr(self.backend, "device", torch.device("cpu"))
+        self.module.eval()
+        try:
+            for micro in self._micro_batches(items):
+                traces = [t for t, _ in micro]
+                ids, att, sel, _ = (x.to(dev) for x in self._batch(traces))
+                with self.backend.using(self.adapter):
+                    logp = self.module(ids, att, sel, shared_prefix(traces) if self.share_prefix else 0)[0]
+                for t, chunk in zip(traces, torch.split(logp.float(), sel.sum(1).tolist())):
+                    out[id(t)] = chunk
+        finally:
+            self.module.train()
+        return out
+
     def _end(self) -> None:
+        self._prox = None
         self.module.eval()
         release_free_memory()
         self.backend.versions[self.adapter] = self.backend.versions.get(self.adapter, 0) + 1
@@ -431,7 +463,16 @@ class Learner:
         # the adapter stays active through backward: switching adapters changes which weights require grad
         with self.backend.using(self.adapter):
             logp, entropy = self.module(ids, att, sel, p if self.share_prefix else 0)
-            t = grpo_loss(logp, old, adv, ref_logp, cfg.eps_low, cfg.eps_high, cfg.kl_coef)
+            is_weight, extra = None, {}
+            known = getattr(self, "_prox", None)
+            if known is not None and cfg.tis_cap is not None:
+                prox = torch.cat([known[id(t)] for t in traces]).to(dev)
+                r = torch.exp(prox - old)  # learner / behaviour, per token
+                is_weight = r.clamp(max=cfg.tis_cap)
+                extra = {"sum_mismatch_kl": float((r - 1 - (prox - old)).sum()),  # k3 of KL(behaviour || learner)
+                         "sum_tis_truncated": float((r > cfg.tis_cap).float().sum())}
+                old = prox
+            t = grpo_loss(logp, old, adv, ref_logp, cfg.eps_low, cfg.eps_high, cfg.kl_coef, is_weight)
             loss = t.loss.sum() / n_tok_total
             if self.world != 1 or weight != 1.0:
                 loss = loss * (self.world * weight)
@@ -440,7 +481,7 @@ class Learner:
             return {}
         return {"sum_loss": float(t.loss.detach().sum()), "sum_pg_loss": float(t.pg.detach().sum()),
                 "sum_kl": float(t.kl.detach().sum()), "sum_entropy": float(entropy.sum()),
-                "sum_clip_frac": float(t.clipped.float().sum()), "sum_ratio": float(t.ratio.detach().sum())}
+                "sum_clip_frac": float(t.clipped.float().sum()), "sum_ratio": float(t.ratio.detach().sum()), **extra}
 
     # -- state --
     def state_dict(self) -> dict[str, Any]:

@@ -8,7 +8,8 @@ import os
 def load_policy(policy: str, cfg_path: str | None, model: str | None, overrides: list[str]):
     """The agent to evaluate: a checkpoint directory (its config and adapter) or 'base'. Returns (the run
     config, the loaded backends, the agent's binding)."""
-    from .config import ConfigError, apply_override, load_config, parse_config
+    from .config import ConfigError, apply_override, parse_config
+    from .configfile import load_config
     from .models.loading import adapter_dir, load_frozen_adapter
     from .models.backend import ModelRef
     from .models.loading import load_backend

@@ -157,7 +157,8 @@ def _sp_key(sp: SamplingParams) -> tuple:
 
 def run_rollouts(jobs: list[Job], sampling: dict[str, SamplingParams] | None = None, max_context: int = 4096,
                  end_on_truncation: bool = True, progress: Callable[[str], None] | None = None,
-                 judge: Binding | None = None) -> tuple[list[Episode], RolloutStats]:
+                 judge: Binding | None = None,
+                 between_rounds: Callable[[], None] | None = None) -> tuple[list[Episode], RolloutStats]:
     """Run every job to its end. ``Job.bindings[role]`` is a Binding (or a bare model ref, then sampled with
     ``sampling[role]``). ``judge`` answers the environments' judge requests (all in one batched call)
     before the rewards are computed. Returns the episodes and throughput statistics.
@@ -165,7 +166,7 @@ def run_rollouts(jobs: list[Job], sampling: dict[str, SamplingParams] | None = N
     Each round: every live dialogue says who replies next (``_requests``); the requests that share a model,
     sampling settings, transport and decoder go in one batched call; each reply goes back to its environment
     (``_deliver``). ``progress`` gets a line after each round (an ETA from the share of dialogues that
-    ended)."""
+    ended); ``between_rounds`` runs there too (an asynchronous generator takes up newer weights)."""
     from .run import eta
 
     stats = RolloutStats()
@@ -194,6 +195,8 @@ def run_rollouts(jobs: list[Job], sampling: dict[str, SamplingParams] | None = N
             took = time.time() - t0
             progress(f"round {stats.rounds}: {len(live)}/{len(jobs)} dialogues live, "
                      f"{stats.tokens_generated} tokens, {took:.0f} s ({eta(took, len(jobs) - len(live), len(live))})")
+        if between_rounds is not None and live:
+            between_rounds()
     if judge is not None:
         _judge(jobs, judge, stats)
     episodes = [_finish(j, max_context) for j in jobs]

@@ -23,6 +23,7 @@ safe multi-machine setup).
 from __future__ import annotations
 
 import os
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -60,10 +61,16 @@ class LocalRollout:
 
 
 def make_rollout(cfg, backends: dict) -> Rollout:
-    """The engine in this process, or Ray workers when ``rollout.workers`` > 0."""
-    if cfg.rollout.workers <= 0:
-        return LocalRollout()
-    return RayRollout(cfg, backends)
+    """The engine in this process, or Ray workers when ``rollout.workers`` > 0; with asynchronous rollouts
+    (``rollout.max_staleness`` > 0) and no workers, a thread of this process with its own copy of the models, or
+    (models on a vLLM engine) the engine fed from a thread (``scope.pipeline``)."""
+    if cfg.rollout.workers > 0:
+        return RayRollout(cfg, backends)
+    if cfg.rollout.max_staleness > 0:
+        from .pipeline import EngineRollout, on_engine
+
+        return EngineRollout(cfg, backends) if on_engine(backends) else ThreadRollout(cfg, backends)
+    return LocalRollout()
 
 
 def _ray_init(address: str | None):
@@ -79,23 +86,43 @@ def _ray_init(address: str | None):
     return ray
 
 
-class RayRollout:
-    def __init__(self, cfg, backends: dict):
-        self.cfg, self.backends = cfg, backends
-        self.ray = _ray_init(cfg.ray.address)
-        self.n = cfg.rollout.workers
-        self.workers: list[Any] = [None] * self.n
-        self.sent: list[dict[tuple[str, str | None], int]] = [{} for _ in range(self.n)]
+@dataclass
+class Pending:
+    """A step's jobs handed to the workers: each worker's share and its call (None: a worker with no jobs)."""
+
+    jobs: list[Job]
+    parts: list[list[Job]]
+    calls: list[Any]
+    t0: float
+
+
+class WorkerRollout:
+    """Generation in copies of the run's models that receive the driver's weights by version: Ray actors
+    (:class:`RayRollout`) or a thread of this process (:class:`ThreadRollout`). ``submit`` hands a step's jobs
+    out with the weights as they are now and returns at once; ``result`` waits for them (``__call__``: both)."""
+
+    def __init__(self, cfg, backends: dict, n: int):
+        self.cfg, self.backends, self.n = cfg, backends, n
+        self.sent: list[dict[tuple[str, str | None], int]] = [{} for _ in range(n)]
         self.stats = {"weight_syncs": 0, "sync_seconds": 0.0, "worker_failures": 0, "restarts": 0}
         self.key_of = {id(b): k for k, b in backends.items()}
-        for i in range(self.n):
-            self._start(i)
+        self.seq = 0  # every hand-out of weights is numbered: a worker applies them in this order
 
-    def _start(self, i: int) -> None:
-        ray = self.ray
-        Actor = ray.remote(num_cpus=self.cfg.ray.cpus_per_worker, max_restarts=0)(RolloutWorker)
-        self.workers[i] = Actor.remote(self.cfg.model_dump(), i)
-        self.sent[i] = {}
+    # -- the transport (a subclass's) --
+    def _launch(self, i: int, weights: tuple, jobs: list[Job], kw: dict) -> Any:
+        raise NotImplementedError
+
+    def _collect(self, call: Any) -> tuple[list, RolloutStats]:
+        raise NotImplementedError
+
+    def _offer(self, i: int, weights: tuple) -> None:
+        raise NotImplementedError
+
+    def _put(self, payload):
+        return payload
+
+    def _restart(self, i: int) -> None:
+        raise NotImplementedError
 
     # -- naming references --
     def _name(self, ref) -> RefName:
@@ -122,39 +149,59 @@ class RayRollout:
     def _payload(self, key: str, adapter: str | None, version: int):
         local = getattr(self.backends[key], "local", self.backends[key])
         if adapter is None:
-            return version, {k: t.detach().cpu() for k, t in local.model.state_dict().items()}, None
+            return version, {k: t.detach().cpu().clone() for k, t in local.model.state_dict().items()}, None
         return version, _adapter_state(local, adapter), local.lora_settings(adapter)
 
-    def __call__(self, jobs: list[Job], **kw) -> tuple[list, RolloutStats]:
-        ray = self.ray
+    def _moved(self, i: int, versions: dict, stored: dict) -> dict:
+        """The weights worker ``i`` lacks (each read, and put in the transport's store, once per call)."""
+        moved = [k for k, v in versions.items() if self.sent[i].get(k) != v]
+        for k in moved:
+            if k not in stored:
+                stored[k] = self._put(self._payload(k[0], k[1], versions[k]))
+        self.stats["weight_syncs"] += len(moved)
+        for k in moved:
+            self.sent[i][k] = versions[k]
+        return {k: stored[k] for k in moved}
+
+    def submit(self, jobs: list[Job], **kw) -> Pending:
         if kw.get("judge") is not None:
             kw["judge"] = _swap_binding(kw["judge"], self._name)
         parts = [jobs[k::self.n] for k in range(self.n)] if len(jobs) >= self.n else [jobs]
         kw = {k: v for k, v in kw.items() if k != "progress"}
-        calls: list[Any] = []  # Ray object refs, None for a worker with no jobs
+        calls: list[Any] = []
         t0 = time.perf_counter()
         versions, live = self._weights()
-        stored: dict[tuple[str, str | None], Any] = {}  # each moved adapter read and put in Ray's store once
+        stored: dict[tuple[str, str | None], Any] = {}
         for i, part in enumerate(parts):
             if not part:
                 calls.append(None)
                 continue
-            moved = [k for k, v in versions.items() if self.sent[i].get(k) != v]
-            for k in moved:
-                if k not in stored:
-                    stored[k] = ray.put(self._payload(*k, versions[k]))
-            payload = [(_swap_job(j, self._name)) for j in part]
-            calls.append(self.workers[i].run.remote({k: stored[k] for k in moved}, live, payload, kw))
-            self.stats["weight_syncs"] += len(moved)
-            for k in moved:
-                self.sent[i][k] = versions[k]
+            self.seq += 1
+            send = (self.seq, self._moved(i, versions, stored), live)
+            calls.append(self._launch(i, send, [_swap_job(j, self._name) for j in part], kw))
         self.stats["sync_seconds"] += time.perf_counter() - t0
+        return Pending(jobs, parts, calls, t0)
+
+    def publish(self) -> None:
+        """Offer every worker the weights that moved since it was last sent any: it takes them up between two
+        turns of the dialogues it is playing (``rollout.stale: finish``)."""
+        t0 = time.perf_counter()
+        versions, live = self._weights()
+        stored: dict[tuple[str, str | None], Any] = {}
+        for i in range(self.n):
+            moved = self._moved(i, versions, stored)
+            if moved:
+                self.seq += 1
+                self._offer(i, (self.seq, moved, live))
+        self.stats["sync_seconds"] += time.perf_counter() - t0
+
+    def result(self, p: Pending) -> tuple[list, RolloutStats]:
         total = RolloutStats()
-        for i, (part, call) in enumerate(zip(parts, calls)):
+        for i, (part, call) in enumerate(zip(p.parts, p.calls)):
             if call is None:
                 continue
             try:
-                eps, st = ray.get(call)
+                eps, st = self._collect(call)
             except Exception as e:  # noqa: BLE001 - a dead worker fails its episodes, not the step
                 self.stats["worker_failures"] += 1
                 for j in part:
@@ -167,10 +214,46 @@ class RayRollout:
             total.tokens_generated += st.tokens_generated
             total.calls += st.calls
             total.rounds = max(total.rounds, st.rounds)
+            total.seconds = max(total.seconds, st.seconds)
             for m, n in st.per_model.items():
                 total.per_model[m] = total.per_model.get(m, 0) + n
-        total.seconds = time.perf_counter() - t0
-        return [j.episode for j in jobs], total
+        if not total.seconds:
+            total.seconds = time.perf_counter() - p.t0
+        return [j.episode for j in p.jobs], total
+
+    def __call__(self, jobs: list[Job], **kw) -> tuple[list, RolloutStats]:
+        p = self.submit(jobs, **kw)
+        eps, total = self.result(p)
+        total.seconds = time.perf_counter() - p.t0
+        return eps, total
+
+
+class RayRollout(WorkerRollout):
+    def __init__(self, cfg, backends: dict):
+        super().__init__(cfg, backends, cfg.rollout.workers)
+        self.ray = _ray_init(cfg.ray.address)
+        self.workers: list[Any] = [None] * self.n
+        for i in range(self.n):
+            self._start(i)
+
+    def _start(self, i: int) -> None:
+        ray = self.ray
+        # (two calls at once: ``offer`` reaches a worker while its ``run`` plays)
+        Actor = ray.remote(num_cpus=self.cfg.ray.cpus_per_worker, max_restarts=0, max_concurrency=2)(RolloutWorker)
+        self.workers[i] = Actor.remote(self.cfg.model_dump(), i)
+        self.sent[i] = {}
+
+    def _put(self, payload):
+        return self.ray.put(payload)
+
+    def _launch(self, i, weights, jobs, kw):
+        return self.workers[i].run.remote(weights, jobs, kw)
+
+    def _offer(self, i, weights):
+        self.workers[i].offer.remote(weights)
+
+    def _collect(self, call):
+        return self.ray.get(call)
 
     def _restart(self, i: int) -> None:
         try:
@@ -186,6 +269,42 @@ class RayRollout:
                 self.ray.kill(w)
             except Exception:  # noqa: BLE001
                 pass
+
+
+class ThreadRollout(WorkerRollout):
+    """One worker in a thread of this process, with its own copy of the run's models (the asynchronous loop's
+    in-process generator: the learner's weights change under training, the copy's only when sent). Its torch
+    ops use ``threads`` threads (default: half the cores)."""
+
+    def __init__(self, cfg, backends: dict, threads: int | None = None):
+        from concurrent.futures import ThreadPoolExecutor
+
+        super().__init__(cfg, backends, 1)
+        self.threads = threads or max(1, (os.cpu_count() or 2) // 2)
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="scope-rollout", initializer=self._init_thread)
+        self.worker = self.pool.submit(RolloutWorker, cfg.model_dump(), 0).result()
+
+    def _init_thread(self) -> None:
+        import torch
+
+        torch.set_num_threads(self.threads)
+
+    def _launch(self, i, weights, jobs, kw):
+        return self.pool.submit(self.worker.run, weights, jobs, kw)
+
+    def _offer(self, i, weights):
+        self.worker.offer(weights)
+
+    def _collect(self, call):
+        return call.result()
+
+    def _restart(self, i: int) -> None:
+        self.stats["restarts"] += 1
+        self.worker = self.pool.submit(RolloutWorker, self.cfg.model_dump(), 0).result()
+        self.sent[0] = {}
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _adapter_state(local, adapter: str) -> dict:
@@ -224,6 +343,10 @@ class RolloutWorker:
         self.index = index
         self.backends, _, _ = build_models(self.cfg)
         self.refs: dict[RefName, Any] = {}
+        self.offered: list[tuple[int, dict, dict]] = []  # (seq, weights, live adapters) not yet applied
+        self.applied = 0  # the newest hand-out applied
+        self.lock = threading.Lock()
+        self.playing = threading.Lock()
 
     def _ref(self, n: RefName):
         if n not in self.refs:
@@ -236,12 +359,20 @@ class RolloutWorker:
                                         trainable=n.trainable)
         return self.refs[n]
 
-    def _sync(self, send: dict, live: dict) -> None:
-        import ray
+    def _sync(self, seq: int, send: dict, live: dict) -> None:
+        """Apply one hand-out of weights: an adapter's (or the whole model's) only if it is not older than what this
+        copy holds, and the deletions of adapters gone from the driver only if no newer hand-out was applied."""
         from peft import set_peft_model_state_dict
 
         for (key, adapter), obj in send.items():
-            version, state, acfg = ray.get(obj) if isinstance(obj, ray.ObjectRef) else obj
+            if not isinstance(obj, tuple):  # (a Ray object reference; in a thread, the weights themselves)
+                import ray
+
+                obj = ray.get(obj)
+            version, state, acfg = obj
+            local = getattr(self.backends[key], "local", self.backends[key])
+            if (adapter is None or adapter in local.adapter_names()) and local.versions.get(adapter, 0) > version:
+                continue
             b = self.backends[key]
             local = getattr(b, "local", b)
             if adapter is None:
@@ -251,6 +382,9 @@ class RolloutWorker:
                     local.add_lora(adapter, **acfg)
                 set_peft_model_state_dict(local.model, state, adapter_name=adapter)
             local.versions[adapter] = version
+        if seq < self.applied:
+            return
+        self.applied = seq
         for key, names in live.items():
             local = getattr(self.backends[key], "local", self.backends[key])
             for a in local.adapter_names():
@@ -259,16 +393,34 @@ class RolloutWorker:
                     local.versions.pop(a, None)
                     self.refs = {n: r for n, r in self.refs.items() if not (n.key == key and n.adapter == a)}
 
-    def run(self, send: dict, live: dict, jobs: list[Job], kw: dict):
-        self._sync(send, live)
-        for j in jobs:
-            j.bindings = {r: _swap_binding(b, self._ref) for r, b in j.bindings.items()}
-        if kw.get("judge") is not None:
-            kw = dict(kw, judge=_swap_binding(kw["judge"], self._ref))
-        eps, stats = run_rollouts(jobs, **kw)
-        for e in eps:
-            e.meta["worker"] = self.index
-        return eps, stats
+    def offer(self, weights: tuple[int, dict, dict]) -> None:
+        """Newer weights (seq, weights, live adapters), taken up between two turns of the batch under way, or at
+        the start of the next."""
+        with self.lock:
+            self.offered.append(weights)
+
+    def _take_offers(self) -> None:
+        with self.lock:
+            offers, self.offered = sorted(self.offered, key=lambda w: w[0]), []
+        for seq, send, live in offers:
+            self._sync(seq, send, live)
+
+    def run(self, weights: tuple[int, dict, dict], jobs: list[Job], kw: dict):
+        """Play ``jobs`` after applying ``weights`` (and any offered before them), one batch at a time (a threaded
+        actor may be handed the next batch while this one plays)."""
+        with self.playing:
+            self.offer(weights)
+            self._take_offers()
+            if kw.pop("finish", False):  # rollout.stale: finish, partial rollouts: newer weights between turns
+                kw["between_rounds"] = self._take_offers
+            for j in jobs:
+                j.bindings = {r: _swap_binding(b, self._ref) for r, b in j.bindings.items()}
+            if kw.get("judge") is not None:
+                kw = dict(kw, judge=_swap_binding(kw["judge"], self._ref))
+            eps, stats = run_rollouts(jobs, **kw)
+            for e in eps:
+                e.meta["worker"] = self.index
+            return eps, stats
 
 
 

@@ -31,13 +31,14 @@ from .partners.rewards import apply_partner_reward, baseline_of
 from .diagnostics import classifier_of
 from .rollout_workers import make_rollout, scale_metrics
 from .rollout import Job, Play, make_jobs
+from .pipeline import Feed, staleness
 from .monitor import PanelEval, PartnerProbe, step_diagnostics
 from .plot import run_plots
 from .alarms import Watch, switched_by, write_summary
 from .run import Checkpointer, MetricsLogger, RunDir, eta, read_metrics, rollout_records
 from .guards import check_start, endpoint_metrics, starting, stop_if_dead
 from .setup import build_judge, build_models, fallback_source
-from .types import Episode, Task
+from .types import Episode, Task, Trace
 
 
 class TaskSampler:
@@ -72,6 +73,13 @@ def step_jobs(cfg: Config, tasks: list[Task], sources: dict, step: int, env_rng:
                   {role: src.assign(task, ti, g) for role, src in sources.items()})
              for ti, task in enumerate(tasks) for g in range(cfg.rollout.group_size)]
     return make_jobs(get_env(cfg.env.name), plays, cfg.env.options, env_rng, "train")
+
+
+def next_checkpoint(step: int, cfg: Config) -> int:
+    """The first step at or after ``step`` whose end saves a checkpoint (asynchronous rollouts submit nothing past
+    it, so that a checkpoint never holds rollouts under way)."""
+    every = cfg.run.save_every
+    return min(-(-step // every) * every, cfg.train.steps)
 
 
 def seed_all(seed: int) -> None:
@@ -142,6 +150,9 @@ def _train(cfg: Config, tasks: list[Task], resume: bool, on_step_end, log, confi
     if resume and ckpt.list() and switched_by(run.path, int(ckpt.list()[-1][len("step_"):])) is not None:
         sources["partner"] = fallback_source(cfg, backends)  # a switch alarm had fired before the checkpoint
     start = resume_from(ckpt, backends, learners, sampler, env_rng, sources, shares, log) if resume else 0
+    if start and cfg.rollout.max_staleness:
+        log("asynchronous rollouts: a checkpoint holds no rollouts under way; what was under way when the run "
+            "stopped was discarded, and its steps are drawn and generated again")
     if start == 0:
         for pool in pools.values():
             pool.snapshot(0)  # the pool starts with the initial partner
@@ -161,13 +172,16 @@ def _train(cfg: Config, tasks: list[Task], resume: bool, on_step_end, log, confi
         f"allocator {allocator()}")
     if evaluator is not None and start == 0 and (cfg.eval.at_start or cfg.train.steps == 0):
         metrics_log.write(0, evaluator.run(0, log))  # (steps 0: the policy as built, evaluated once)
+    feed = Feed(rollout, cfg.rollout.max_staleness, cfg.rollout.stale,  # (scope.pipeline: K steps ahead)
+                lambda s: step_jobs(cfg, sampler.next(cfg.rollout.n_tasks), sources, s, env_rng),
+                dict(max_context=cfg.rollout.max_context, end_on_truncation=cfg.rollout.end_on_truncation,
+                     judge=judge),
+                (lambda step: lambda s: log(f"  step {step} {s}")) if cfg.run.progress else None)
+    owned = {o: (trainable[o], roles_of[o]) for o in learners}
     t_loop = time.time()
     for step in range(start + 1, cfg.train.steps + 1):
         t0 = time.time()
-        jobs = step_jobs(cfg, sampler.next(cfg.rollout.n_tasks), sources, step, env_rng)
-        progress = (lambda s, step=step: log(f"  step {step} {s}")) if cfg.run.progress else None
-        episodes, rstats = rollout(jobs, max_context=cfg.rollout.max_context,
-                                   end_on_truncation=cfg.rollout.end_on_truncation, progress=progress, judge=judge)
+        jobs, episodes, rstats, pipe = feed.take(step, horizon=next_checkpoint(step, cfg))
         t1 = time.time()
         for role, rc in cfg.roles().items():  # a reward of the config's instead of the environment's
             if rc.reward != "env":
@@ -177,18 +191,24 @@ def _train(cfg: Config, tasks: list[Task], resume: bool, on_step_end, log, confi
                                      **endpoint_metrics(jobs, endpoint_seen), **scale_metrics(rollout, backends),
                                      **step_diagnostics(cfg, step, jobs, episodes, classify),
                                      **probe.run(step, jobs, episodes)}
+        trained = {o: episodes for o in learners}
+        if cfg.rollout.max_staleness:  # each learner's episodes within the bound (scope.pipeline)
+            trained, stale_m = staleness(episodes, owned, cfg.rollout.max_staleness, cfg.rollout.stale)
+            metrics.update(pipe, **stale_m)
         for owner, learner in learners.items():  # self-play: one learner, both roles' tokens
-            metrics.update(update_learner(owner, learner, roles_of[owner], episodes, cfg))
+            metrics.update(update_learner(owner, learner, roles_of[owner], trained[owner], cfg))
             watch_signal(owner, metrics, no_signal, cfg.train.no_signal_warn, log)
+        feed.published()
         for role, pool in pools.items():
             pool.maybe_snapshot(step)
             metrics[f"{role}/pool_size"] = len(pool.members)
         t2 = time.time()
         if evaluator is not None and (step % cfg.eval.every == 0 or step == cfg.train.steps):
             metrics.update(evaluator.run(step, log))
-        metrics.update(rollout_seconds=t1 - t0, train_seconds=t2 - t1, step_seconds=t2 - t0,
+        gen = rstats.seconds if cfg.rollout.max_staleness else t1 - t0  # (async: the generator's own time)
+        metrics.update(rollout_seconds=gen, train_seconds=t2 - t1, step_seconds=t2 - t0,
                        tokens_generated=rstats.tokens_generated,
-                       tokens_per_second=rstats.tokens_generated / max(t1 - t0, 1e-9))
+                       tokens_per_second=rstats.tokens_generated / max(gen, 1e-9))
         action = watch.step(step, metrics) if watch is not None else None  # collapse alarms (scope.alarms)
         metrics_log.write(step, metrics)
         if cfg.run.save_rollouts:
@@ -204,6 +224,9 @@ def _train(cfg: Config, tasks: list[Task], resume: bool, on_step_end, log, confi
         if action == "stop":
             log(f"stopped: {metrics['stop_reason']}")
             break
+    dropped = feed.close()
+    if dropped:
+        log(f"discarded the {dropped} steps' rollouts under way (asynchronous rollouts)")
     if watch is not None:
         write_summary(run.path, read_metrics(run.path))
     metrics_log.close(run_plots(run.path) if metrics_log.wants_plots else None)
@@ -282,7 +305,7 @@ def update_learner(owner: str, learner: Learner, roles: list[str], episodes: lis
         for ep, a in zip(episodes, adv):
             if a is not None:  # (a failed episode has none)
                 ep.advantage[role] = a
-        traces += [ep.traces[role] for ep in episodes]
+        traces += [ep.traces.get(role) or Trace(role) for ep in episodes]  # (a failed episode may have none)
         advs += adv
         prefix = "" if role == "agent" else f"{role}/"
         m.update({f"{prefix}{k}": v for k, v in gstats.fractions().items()})

@@ -123,7 +123,7 @@ def test_offline_rescoring_gives_the_live_alarms(tmp_path):
                    monitor={"alarms": alarms}), log=lambda s: None)
     live = [(e["name"], e["step"]) for m in read_metrics(str(run)) for e in m.get("alarm_events", [])]
     assert {n for n, _ in live} >= {"entropy", "similar"}  # thresholds every run passes
-    from scope.config import load_config
+    from scope.configfile import load_config
 
     offline = [(a.name, a.step) for a in replay(str(run), load_config(str(run / "config.yaml")).monitor.alarms)]
     assert offline == live

@@ -4,7 +4,9 @@ import sys
 
 import pytest
 
-from scope.config import ConfigError, load_config, parse_config
+from scope.config import ConfigError, parse_config
+
+from scope.configfile import load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -40,8 +42,9 @@ def test_shipped_configs_and_panels_are_valid_and_match_the_paper():
             assert c.partner.reward == ("adversarial" if c.env.name == "p4g" else "curriculum"), name
     for f in glob.glob(os.path.join(root, "configs", "panels", "*.yaml")):
         panel = load_panel(f)
-        if os.path.basename(f) in ("p4g.yaml", "tau2.yaml"):  # six simulators: three seen, three unseen
-            assert [p.seen for p in panel.partners].count(True) == 3 and len(panel.partners) == 6, f
+        if os.path.basename(f) in ("p4g.yaml", "tau2.yaml"):  # the paper's six (three seen), and another family
+            assert [p.seen for p in panel.partners].count(True) == 3 and len(panel.partners) == 7, f
+            assert [panel.models[p.model].path for p in panel.partners if p.model in panel.models] == ["gemma3-270m"]
             assert all(p.decoding == "plain" for p in panel.partners if not p.seen)  # VS is a training paradigm
             assert panel.episodes is None  # every test task
         if name.startswith(("p4g_", "tau2_")):  # the paper's held-out evaluation runs by default

@@ -69,7 +69,11 @@ def scope_commands() -> list[tuple[str, ...]]:
 def named_configs() -> list[str]:
     found = set()
     for path in DOCS:
-        found.update(re.findall(r"(?<![\w/])(?:recipes/\w+/)?configs/[\w/.-]+\.yaml\b", open(path).read()))
+        here = os.path.relpath(os.path.dirname(path), ROOT)  # (a recipe's page names its own configs/ too)
+        for p in re.findall(r"(?<![\w/])(?:recipes/\w+/)?configs/[\w/.-]+\.yaml\b", open(path).read()):
+            inside = os.path.normpath(os.path.join(here, p))
+            found.add(inside if here.startswith("recipes") and not p.startswith("recipes/")
+                      and os.path.exists(os.path.join(ROOT, inside)) else p)
     return sorted(found)
 
 

@@ -120,10 +120,10 @@ def test_panel_summary_and_markdown():
     assert r["seen_mean"] == 0.5 and r["unseen_mean"] == pytest.approx(0.2)
     # the standard error of a mean of partner means: sqrt(sum of their squared s.e.) / their number
     assert r["unseen_se"] == pytest.approx(0.25) and r["seen_se"] == pytest.approx(0.1)
-    per["b"].update(lo=0.02, hi=0.4, shares=["weights", "system_prompt"])
+    per["b"].update(lo=0.02, hi=0.4, shares=["weights", "system_prompt"], family="smollm2")
     md = markdown(r)
-    assert "| b† | no | 0.100 | [0.020, 0.400] | 0.300 | 4 | 1 | 0 | weights, system_prompt |" in md
-    assert "| c | no | 0.300 | [n/a, n/a] | 0.400 | 4 | 0 | 2 | n/a |" in md
+    assert "| b† | no | smollm2 | 0.100 | [0.020, 0.400] | 0.300 | 4 | 1 | 0 | weights, system_prompt |" in md
+    assert "| c | no | n/a | 0.300 | [n/a, n/a] | 0.400 | 4 | 0 | 2 | n/a |" in md
     assert "unseen 0.200 [n/a, n/a]" in md and "†: an unseen partner that runs on a training simulator's weights" in md
 
 

@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from scope.config import load_config
+from scope.configfile import load_config
 from scope.eval import load_panel
 from scope.panels import same_weights, sharing, shares_text, training_simulators, weights_of
 from scope.partners.sources import PERSONA_POOLS, load_personas

@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import yaml
 
-    from scope.config import load_config
+    from scope.configfile import load_config
 
     ap = argparse.ArgumentParser(prog="python -m recipes.collapse_lab cards")
     ap.add_argument("--config", default="recipes/collapse_lab/configs/cotrain.yaml")

@@ -59,7 +59,7 @@ def named_models(configs: str) -> list[tuple[str, dict]]:
     """Every ``lab:`` model (name, options) the lab's configs and panel name."""
     import yaml
 
-    from scope.config import load_config
+    from scope.configfile import load_config
 
     found: dict[str, tuple[str, dict]] = {}
     for path in sorted(glob.glob(os.path.join(configs, "*.yaml"))):

@@ -140,7 +140,8 @@ def load(configs: str, overrides: list[str] | None = None, base: str = "single.y
     where simulators maps an id to (binding, env options over the config's, group): every frozen training
     simulator of the grid's configs (group ``train``) and every panel member (``seen``, ``unseen``,
     ``control``)."""
-    from scope.config import PartnerSpec, load_config
+    from scope.config import PartnerSpec
+    from scope.configfile import load_config
     from scope.eval import load_panel
     from scope.models.loading import frozen_refs
     from scope.partners.binding import spec_binding
@@ -471,7 +472,7 @@ def positive_control(configs: str, out: str, lrs: tuple[float, ...] = (1e-4, 3e-
     """``steps`` training steps per learning rate with reward = the pitch mentions children, KL as configured;
     the choice: the learning rate whose mean reward over the last 3 steps is highest (the smaller on a tie
     within 0.02). Writes ``control.json`` / ``control.md``."""
-    from scope.config import load_config
+    from scope.configfile import load_config
     from scope.run import read_metrics
     from scope.train import train
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from ..config import load_config
+from ..configfile import load_config
 from .common import FILES, UsageError, add_set, log
 
 
@@ -217,7 +217,7 @@ def add_alarms(sub: argparse._SubParsersAction) -> None:
 def alarms(args: argparse.Namespace) -> int:
     """The alarms as the run would have fired them live (:func:`scope.alarms.replay`), at the same steps."""
     from ..alarms import markdown, replay
-    from ..config import load_config
+    from ..configfile import load_config
 
     cfg = load_config(args.config or os.path.join(args.run, "config.yaml"), args.set)
     if not cfg.monitor.alarms:

@@ -32,7 +32,7 @@ def run_grid(configs: str | GridSpec, out: str, arms: tuple[str, ...] | None = N
     """Run the grid declared in ``configs`` (a directory with ``grid.yaml``) into ``out``; see the module's
     docstring. ``records``: a directory of run records (:mod:`scope.grid.records`): those missing from ``out``
     are restored first and count as done, and every run finished here is packed into it as it ends."""
-    from ..config import load_config
+    from ..configfile import load_config
 
     spec = configs if isinstance(configs, GridSpec) else read_spec(configs)
     overrides = list(overrides or [])
@@ -70,7 +70,7 @@ def _one(spec: GridSpec, out: str, arm: str, seed: int, overrides: list[str], re
          log: Callable[[str], None], t_all: float) -> None:
     """One run of the grid: skipped when finished, started over when cut off before its first checkpoint, else
     trained (or resumed), then packed into ``records``."""
-    from ..config import load_config
+    from ..configfile import load_config
     from ..train import train
 
     run_dir = os.path.join(out, arm, f"seed{seed}")
@@ -137,7 +137,7 @@ def finish(spec: GridSpec, out: str, arms: list[str], seeds: int, overrides: lis
 def _panel_sources(spec: GridSpec, arms: list[str], overrides: list[str]):
     """The grid's panel, the models its members can name, and every training simulator of its trained arms (None
     for a grid without a panel)."""
-    from ..config import load_config
+    from ..configfile import load_config
     from ..eval import load_panel
     from ..panels import training_simulators
 
@@ -160,7 +160,7 @@ def same_weights(spec: GridSpec, arms: list[str], overrides: list[str]) -> set[s
 def family_warning(spec: GridSpec, arms: list[str], overrides: list[str]) -> str | None:
     """One line naming the trained arms for which every unseen member of the grid's panel is of a training
     simulator's model family (:func:`scope.panels.family_warning`), or None when there is none."""
-    from ..config import load_config
+    from ..configfile import load_config
     from ..eval import load_panel
     from ..panels import family_warning as warn, run_sharing
 

@@ -26,7 +26,8 @@ from typing import Any, Callable, Protocol
 
 from pydantic import Field, ValidationError, model_validator
 
-from ..config import ConfigError, Strict, format_validation_error, read_mapping
+from ..config import ConfigError, Strict, format_validation_error
+from ..configfile import read_mapping
 from ..registry import load_function
 
 SPEC = "grid.yaml"

@@ -41,6 +41,7 @@ fine-tuning) and stops it on close.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -57,6 +58,7 @@ from typing import Any, Sequence
 from ..types import Completion, SamplingParams
 
 BASE_NAME = "base"  # the engine's served name of the base weights
+_VIEW = threading.local()  # the adapter versions a thread's batch plays (EngineBackend.viewing)
 
 
 class EngineError(RuntimeError):
@@ -186,12 +188,58 @@ class EngineBackend:
         self.lock = threading.Lock()
         self.seed = seed
         self.calls = 0
+        self.held = False                       # asynchronous rollouts: adapters arrive by ``publish`` only
+        self.pinned: dict[str, int] = {}        # engine name -> batches whose view holds it (``viewing``)
         self.stats = {"syncs": 0, "sync_seconds": 0.0, "unloaded": 0, "requests": 0, "failures": 0}
 
     def __getattr__(self, name):  # everything but sampling is the local backend's
         if name in ("local", "engine"):
             raise AttributeError(name)
         return getattr(self.local, name)
+
+    def readout(self, *a, **kw):
+        if self.held:  # (it runs the local weights, which the learner changes meanwhile)
+            raise EngineError(f"model {self.local.name!r}: a decision readout runs the local weights and cannot be "
+                              f"generated asynchronously (rollout.max_staleness > 0); set it to 0 for this env")
+        return self.local.readout(*a, **kw)
+
+    # -- asynchronous rollouts (scope.pipeline) --
+    def hold(self) -> None:
+        """From now on adapters reach the engine only through :meth:`publish`, called by the driver between two
+        updates, and sampling never reads the weights the learner is changing."""
+        if self.full_weights:
+            raise ValueError(f"model {self.local.name!r}: fully fine-tuned weights on a vLLM engine cannot be "
+                             f"generated asynchronously (the engine holds one version of them); use LoRA or "
+                             f"rollout.max_staleness: 0")
+        self.held = True
+
+    def publish(self) -> dict[str, int]:
+        """Send every adapter whose version moved; the versions the engine now serves (a batch's view)."""
+        with self.lock:
+            for a in self.local.adapter_names():
+                v = self.local.versions.get(a, 0)
+                if self.synced.get(a) != v:
+                    self._sync(a, v)
+            self._unload_stale()
+            return dict(self.synced)
+
+    @contextlib.contextmanager
+    def viewing(self, versions: dict[str, int]):
+        """Sampling in this thread serves these adapter versions (``rollout.stale: drop``: a batch plays on the
+        weights it started with); they stay loaded until the batch ends."""
+        names = [f"{a}@v{v}" for a, v in versions.items()]
+        with self.lock:
+            for n in names:
+                self.pinned[n] = self.pinned.get(n, 0) + 1
+        views = _VIEW.__dict__.setdefault("views", {})
+        views[id(self)] = versions
+        try:
+            yield
+        finally:
+            views.pop(id(self), None)
+            with self.lock:
+                for n in names:
+                    self.pinned[n] -= 1
 
     def drop_sessions(self, keys=None) -> None:
         pass  # the engine's prefix cache does what the local per-session cache does
@@ -203,6 +251,11 @@ class EngineBackend:
                 self._sync_full()
             return BASE_NAME
         with self.lock:
+            if self.held:  # the published version: this thread's view, else the newest
+                version = getattr(_VIEW, "views", {}).get(id(self), {}).get(adapter, self.synced.get(adapter))
+                if version is None:
+                    raise EngineError(f"adapter {adapter!r} was never published to the engine")
+                return f"{adapter}@v{version}"
             version = self.local.versions.get(adapter, 0)
             if self.synced.get(adapter) != version:
                 self._sync(adapter, version)
@@ -252,7 +305,7 @@ class EngineBackend:
         for adapter, names in list(self.loaded.items()):
             keep = names[-1:] if adapter in live else []
             for n in [n for n in names if n not in keep]:
-                if self.in_flight.get(n, 0):
+                if self.in_flight.get(n, 0) or self.pinned.get(n, 0):
                     continue
                 try:
                     self.engine.post("/v1/unload_lora_adapter", {"lora_name": n})
@@ -278,7 +331,7 @@ class EngineBackend:
         except Exception as e:  # noqa: BLE001 - a failed sync fails this batch's episodes, not the step
             self.stats["failures"] += 1
             return [EngineError(f"syncing adapter {adapter!r} to the engine failed: {e}") for _ in prompts]
-        version = self.local.versions.get(adapter, 0)
+        version = int(name.rsplit("@v", 1)[1]) if "@v" in name else self.local.versions.get(adapter, 0)
         with self.lock:
             self.in_flight[name] = self.in_flight.get(name, 0) + 1
         try:

@@ -148,3 +148,22 @@ def test_sampled_logprobs_from_workers_match_the_learners(tmp_path):
             assert float((new - old).abs().max()) < TOL, (role, e.group_id, e.copy)
             checked += len(old)
     assert checked > 20
+
+
+@pytest.mark.parametrize("stale", ["drop", "finish"])
+def test_asynchronous_rollouts_through_workers(tmp_path, stale):
+    """rollout.max_staleness: 1 with 2 workers, Co-Training (both models trained, each with its own versions) and
+    a population pool: the next step's dialogues play on the adapters sent before this step's update; with
+    ``finish`` the workers take the newer ones up between turns (offered while a batch plays)."""
+    import json
+
+    c = cfg(tmp_path / "a", 2, steps=4, temperature=0.7, pool=True).model_copy(deep=True)
+    c.rollout.max_staleness, c.rollout.stale = 1, stale
+    train(c, log=lambda s: None)
+    ms = read_metrics(str(tmp_path / "a"))
+    assert all(m["failed_episodes"] == 0 for m in ms)
+    assert [m["async/staleness_max"] for m in ms] == [0.0, 1.0, 1.0, 1.0]
+    assert all(m["async/dropped_episodes"] == 0 for m in ms)
+    recs = [json.loads(x) for x in open(tmp_path / "a" / "rollouts" / "step_000003.jsonl")]
+    versions = {v for r in recs for _, v in r["models"]["agent"]}
+    assert versions == {1} if stale == "drop" else versions <= {1, 2}

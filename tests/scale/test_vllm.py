@@ -204,3 +204,22 @@ def test_full_finetuning_is_synced_to_the_engine(tmp_path):
     ms = read_metrics(str(tmp_path / "run"))
     assert [m["step"] for m in ms] == [1, 2] and all(m["failed_episodes"] == 0 for m in ms)
     assert ms[-1]["engine/policy/syncs"] >= 2  # v0 at step 1 (first use), v1 at step 2
+
+
+@pytest.mark.parametrize("stale", ["drop", "finish"])
+def test_asynchronous_rollouts_on_the_engine(engine, tmp_path, stale):
+    """rollout.max_staleness: 1 with the engine fed from a thread: adapters are published between updates, each
+    batch plays the versions it was submitted with (drop) or the newest published (finish); 4 steps, no failure."""
+    cfg = parse_config({
+        "run": {"dir": str(tmp_path / "run"), "save_every": 1000, "progress": False},
+        "models": {"policy": {"backend": "vllm", "vllm": {"base_url": engine.base_url}}},
+        "agent": {"model": "policy", "trainable": True, "max_new_tokens": 16},
+        "partner": {"model": "policy", "max_new_tokens": 16},
+        "env": {"name": "p4g", "options": {"max_turns": 2, "force_decision": True}},
+        "rollout": {"n_tasks": 2, "group_size": 2, "end_on_truncation": False, "max_staleness": 1, "stale": stale},
+        "train": {"steps": 4, "lr": 1e-4, "tis_cap": 2.0}})
+    train(cfg, log=lambda s: None)
+    ms = read_metrics(str(tmp_path / "run"))
+    assert all(m["failed_episodes"] == 0 for m in ms)
+    assert [m["async/staleness_max"] for m in ms] == [0.0, 1.0, 1.0, 1.0]
+    assert all(0 <= m["train/tis_truncated"] <= 1 and m["train/mismatch_kl"] >= 0 for m in ms)

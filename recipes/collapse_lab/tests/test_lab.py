@@ -11,7 +11,8 @@ from recipes.collapse_lab.corpus import (AGENT_MIX, CustomerSpec, agent_corpus, 
                                          reply_distribution)
 from recipes.collapse_lab.env import (ACCEPT, NEEDS, PLANS, REFUSE, STYLES, CollapseLab, classify_reply, need_of,
                                       plan_of, reminder)
-from scope.config import ConfigError, load_config
+from scope.config import ConfigError
+from scope.configfile import load_config
 from scope.envs.base import get_env
 from scope.partners import vs as vs_mod
 

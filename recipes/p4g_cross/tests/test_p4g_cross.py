@@ -16,7 +16,7 @@ PREREGISTERED = "27cdc74aac232ab4aae46d41b9ef96fc21be4b1643ba60054d71fec5f17c1f6
 
 
 def test_the_panel_is_the_preregistered_one():
-    from scope.config import load_config
+    from scope.configfile import load_config
     from scope.eval import load_panel
     from scope.panels import run_sharing
 

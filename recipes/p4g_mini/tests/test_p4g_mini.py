@@ -47,7 +47,7 @@ def test_the_evolved_personas_reach_the_persuadees_prompt_in_training(tmp_path, 
     import json
 
     import scope.train as T
-    from scope.config import load_config
+    from scope.configfile import load_config
 
     p4g = shared_path("data", "p4g")
     cfg = load_config(os.path.join(CONFIGS, "persona_evolved.yaml"),
@@ -71,7 +71,7 @@ def test_the_evolved_personas_reach_the_persuadees_prompt_in_training(tmp_path, 
 
 
 def test_same_weights_members_are_marked_in_the_evaluation_table():
-    from scope.config import load_config
+    from scope.configfile import load_config
     from scope.eval import load_panel, markdown
 
     cfg = load_config(os.path.join(CONFIGS, "single.yaml"))

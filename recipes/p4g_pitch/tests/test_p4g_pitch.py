@@ -205,7 +205,7 @@ def test_bleu_and_group_diversity():
 def test_the_other_paradigms_train_at_a_tiny_size(tiny_setup, paradigm):
     """Each of the grid's other configs trains (a co-trained persuadee learns from its one- to three-token
     decisions: its update sees trainable tokens)."""
-    from scope.config import load_config
+    from scope.configfile import load_config
     from scope.run import read_metrics
     from scope.train import train
 
