@@ -43,10 +43,11 @@ def test_wandb_offline_and_mlflow_get_config_metrics_and_plots_and_a_resume_cont
     assert len(client.search_runs([got.info.experiment_id])) == 1
 
     # wandb (offline): one run directory per sitting, both under the run id kept in RUN_DIR/wandb_id, each
-    # holding its steps' scalars, the config and the curves
+    # holding its steps' scalars, the config and the curves (two sittings that start within the same second get
+    # the same directory name, the second with a "-1" after it)
     ident = open(run / "wandb_id").read().strip()
     sittings = sorted(d for d in os.listdir(run / "wandb") if d.startswith("offline-run-"))
-    assert len(sittings) == 2 and all(d.endswith(ident) for d in sittings)
+    assert len(sittings) == 2 and all(d.endswith(ident) or d.endswith(ident + "-1") for d in sittings)
     logs = [open(os.path.join(run / "wandb", d, f"run-{ident}.wandb"), "rb").read() for d in sittings]
     # (a step's value is in its history record and again in the run's summary)
     assert [set(_wandb_values(b, "reward_mean")) for b in logs] == [{m["reward_mean"]} for m in logged]
