@@ -7,7 +7,7 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
 PHONY_PITCH := p4g-pitch-sims p4g-pitch-pilot p4g-pitch-control p4g-pitch
-.PHONY: $(PHONY_PITCH) install demo demo-p4g lab lab-quick test test-recipes test-gemma lint test-lab test-dist test-soak test-scale test-browser test-study-pg test-core browser-env scale-env gpu-check bench peers-env bench-peers koth-skills koth-tournament clean
+.PHONY: $(PHONY_PITCH) install demo demo-p4g lab lab-quick test test-recipes test-gemma lint test-long test-lab test-dist test-soak test-scale test-browser test-study-pg test-core browser-env scale-env gpu-check bench peers-env bench-peers koth-skills koth-tournament clean
 
 install: $(STAMP)
 
@@ -22,9 +22,11 @@ $(STAMP): pyproject.toml
 		echo "install: no jemalloc (apt-get install libjemalloc2); scope runs on glibc with its mmap threshold pinned"
 	touch $(STAMP)
 
-# The demo: the collapse lab's quick grid (watch a policy collapse against one simulator and the cures
-# hold up on unseen ones), then a few steps of the paper-scale P4G setup on the embedded SmolLM2.
-demo: lab-quick demo-p4g
+# The demo: the collapse lab's quick grid (watch a policy collapse against one simulator and the cures hold up on
+# unseen ones), on the lab's models as the recipe ships them (recipes/collapse_lab/prebuilt, sha256-checked;
+# `python -m recipes.collapse_lab models --check` rebuilds them byte for byte). About 6 minutes here after install.
+# A P4G run on the embedded SmolLM2 is no longer part of it (13 minutes that showed no learning): demo-p4g.
+demo: lab-quick
 
 demo-p4g: install
 	$(VENV)/bin/scope train --config configs/demo.yaml --set run.dir=runs/demo-$$(date +%Y%m%d-%H%M%S)
@@ -82,6 +84,11 @@ lint: install
 # the cache (about 2 minutes the first time), then sampled, read out and trained (tests/test_gemma_real.py).
 test-gemma: install
 	SCOPE_GEMMA_TESTS=1 $(PY) -m pytest -q tests/test_gemma_real.py
+
+# Tests over about 20 s on 2 cores (marked `long`): the tau2 persona search, the readout's sampled expectation,
+# 1,000 sequential study sessions, three of the four coop reference pairs (the fourth runs in `make test`).
+test-long: install
+	SCOPE_LONG_TESTS=1 $(PY) -m pytest -q -m long tests recipes
 
 # The lab end to end (builds its models, runs its quick grid, checks the collapse signatures).
 test-lab: install

@@ -44,8 +44,11 @@ def pytest_collection_modifyitems(config, items):
     models and trains) in `make test-lab`, the kill-and-resume soak (tests/soak/) in `make test-soak`,
     the vLLM engine and Ray workers (tests/scale/, in their own environment .venv-scale) in `make test-scale`,
     the study app in a real browser (tests/browser/: Playwright and Debian's chromium) in `make test-browser`.
-    Each target sets its variable; `make test` skips them."""
+    Each target sets its variable; `make test` skips them. A test marked ``long`` (over about 20 s on 2 cores)
+    runs in `make test-long` (SCOPE_LONG_TESTS=1), so that `make test` stays under 12 minutes."""
     for item in items:
+        if item.get_closest_marker("long") and os.environ.get("SCOPE_LONG_TESTS") != "1":
+            item.add_marker(pytest.mark.skip(reason="over 20 s: runs in `make test-long` (SCOPE_LONG_TESTS=1)"))
         path = str(item.fspath).replace(os.sep, "/")
         for part, (var, target) in HEAVY.items():
             if part in path and os.environ.get(var) != "1":

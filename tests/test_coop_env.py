@@ -38,7 +38,9 @@ def test_the_suite_has_the_layout_and_the_variety_asked_for():
 
 
 @needs_bwrap
-@pytest.mark.parametrize("repo", ["textkit", "inventory", "settings", "stats"])
+# one pair here; the other three in `make test-long` (about 20 s each on 2 cores)
+@pytest.mark.parametrize("repo", ["textkit"] + [pytest.param(r, marks=pytest.mark.long)
+                                  for r in ("inventory", "settings", "stats")])
 def test_every_reference_pair_through_the_full_pipeline(repo):
     """Each pair of reference patches gives what the manifest says (success, or a broken union merge that
     only a coordinated patch avoids); dropping one feature's patch, or breaking one, fails the pair."""

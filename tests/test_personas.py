@@ -294,6 +294,7 @@ def test_looping_crashing_and_escaping_programs_score_zero_and_the_search_goes_o
     assert state["history"][0]["program_failures"] == 3
 
 
+@pytest.mark.long
 def test_the_search_runs_on_tau2_retail_with_its_integrity_gate(tmp_path):
     from scope.personas.config import PersonaSearchConfig
     from scope.personas.search import evolve
@@ -346,3 +347,43 @@ def test_human_traces_of_your_own(tmp_path):
     f.write_text('{"user_turns": "not a list"}\n')
     with pytest.raises(ConfigError, match="user_turns"):
         load_traces(str(f))
+
+
+def test_degenerate_rewrites_and_bad_elite_data_are_unusable_and_the_search_goes_on():
+    """Model-written programs are parsed on the host: a sum of thousands of terms, thousands of unary minus
+    signs and a long attribute chain (which exhaust the parser's stack or memory) are unusable mutations, and
+    an elite whose trait name is a list or a dict is refused, not a TypeError in mutation."""
+    from scope.personas.program import ProgramGenome, data_of, extract_program, mutate_program
+    from scope.personas.search import ProgramMutator
+
+    gen = "def generate(task, rng):\n    return {'text': 'x'}\n"
+    for body in ("x = " + "+".join(["1"] * 3900), "x = " + "-" * 7900 + "1", "x = " + "a.b." * 3000 + "c"):
+        assert extract_program(f"```python\n{body}\n{gen}```") is None
+    for name in (["a", "b"], {"k": 1}):
+        src = f"DATA = {{'population': 'p', 'traits': [[{name!r}, 'on', 0.5]]}}\n{gen}"
+        assert data_of(src) is None and extract_program(f"```python\n{src}```") is None
+        for seed in range(20):
+            child = mutate_program(ProgramGenome(src), random.Random(seed))
+            assert child.ops == ["none"]
+    ok = "DATA = {'population': 'p', 'traits': [['doubtful', 'You doubt.', 0.5]]}\n" + gen
+    assert extract_program(f"```python\n{ok}```") == ok
+
+    class Reply:
+        def __init__(self, text):
+            self.text = text
+
+    replies = iter(["```python\nx = " + "+".join(["1"] * 3900) + "\n" + gen + "```", "```python\n" + ok + "```"])
+
+    class Binding:
+        ref, sampling = None, None
+
+    import scope.rollout as rollout
+
+    orig = rollout.chat_complete
+    rollout.chat_complete = lambda ref, convs, sampling: [Reply(next(replies)) for _ in convs]
+    try:
+        m = ProgramMutator(Binding(), rewrite_prob=1.0)
+        out = m([(ProgramGenome(ok), None), (ProgramGenome(ok), None)], random.Random(0))
+    finally:
+        rollout.chat_complete = orig
+    assert m.stats["unusable"] == 1 and m.stats["rewrites"] == 1 and len(out) == 2

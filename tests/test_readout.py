@@ -63,6 +63,7 @@ def test_the_generic_readout_waits_while_the_text_could_change_it():
     assert number("42", False) == 42 and number("07", False) == 7
 
 
+@pytest.mark.long
 def test_the_expectation_is_the_mean_of_sampled_values_within_its_standard_error(tiny):
     """The readout's exact expectation against the engine's own sampler (generate), 2000 draws per prompt,
     and against the readout's own draws; the distribution sums to one."""

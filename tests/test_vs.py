@@ -322,3 +322,13 @@ def test_a_forced_decision_reaches_a_verbalized_sampling_partner():
                                           vs=VSConfig(k=3, max_new_tokens=48)))
     assert all(t.startswith(DECISION_PREFIX) for t in last)
     assert all(c.startswith(DECISION_PREFIX) for r in recs for c in r["candidates"])
+
+
+def test_a_chance_list_inside_junk_falls_back():
+    """100,000 characters of brackets and quotes hold, by chance, a valid JSON list of one short string: that is
+    no candidate set (it falls back), while a bare list that is the reply, or most of it, still parses."""
+    rng = random.Random(1)
+    junk = "".join(rng.choice("[]{}\"c'") for _ in range(100_000))
+    assert not parse(junk).ok
+    assert parse('["yes", "no"]').texts == ["yes", "no"]
+    assert parse('Sure: ["yes please", "no"]').texts == ["yes please", "no"]

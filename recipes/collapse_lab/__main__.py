@@ -17,6 +17,11 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["models"]:
         from .prebuilt import check, write
 
+        mp = argparse.ArgumentParser(prog="python -m recipes.collapse_lab models", description="ship the lab's "
+                                     "models the configs name in recipes/collapse_lab/prebuilt (sha256 in its "
+                                     "manifest.json), or --check: rebuild each from its corpus and compare its bytes")
+        mp.add_argument("--check", action="store_true")
+        mp.parse_args(argv[1:])
         if "--check" in argv:
             return 0 if all(check(lambda s: print(s, flush=True)).values()) else 1
         write(os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs"), lambda s: print(s, flush=True))

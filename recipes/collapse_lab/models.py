@@ -296,6 +296,19 @@ def build_base(log: Callable[[str], None] = print) -> str:
     return out
 
 
+def model_dir(name: str, options: dict[str, Any]) -> tuple[str, CustomerSpec | None, dict[str, Any]]:
+    """Where ``lab:<name>`` with these options is cached (its key holds every option, defaults filled in), its
+    customer spec (None for the agent) and those options."""
+    seed = int(options.get("seed", 0))
+    spec = None
+    if name == "customer":
+        spec = CustomerSpec(**{k: v for k, v in options.items() if k != "seed"})
+        options = {"seed": seed, **spec.__dict__}
+    else:
+        options = {"seed": seed}
+    return os.path.join(lab_root(), f"{name}-{_key(name, options)}"), spec, options
+
+
 def build(name: str, options: dict[str, Any], log: Callable[[str], None] = print) -> str:
     """The checkpoint directory of ``lab:<name>`` with these options, trained now if not cached."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -305,14 +318,8 @@ def build(name: str, options: dict[str, Any], log: Callable[[str], None] = print
     unknown = sorted(set(options) - KINDS[name])
     if unknown:
         raise ValueError(f"lab:{name}: unknown options {unknown}; known: {sorted(KINDS[name])}")
-    seed = int(options.get("seed", 0))
-    spec = None
-    if name == "customer":
-        spec = CustomerSpec(**{k: v for k, v in options.items() if k != "seed"})
-        options = {"seed": seed, **spec.__dict__}
-    else:
-        options = {"seed": seed}
-    out = os.path.join(lab_root(), f"{name}-{_key(name, options)}")
+    out, spec, options = model_dir(name, options)
+    seed = int(options["seed"])
     if os.path.exists(os.path.join(out, "model.safetensors")) or restore(out):
         return out
     base = build_base(log)

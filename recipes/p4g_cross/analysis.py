@@ -16,6 +16,7 @@ from recipes.p4g_pitch import pilot as pitch
 from scope.stats import fmt
 
 SIMS = "runs/p4g-cross/sims"
+RECORDS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "records")
 SMOL, GEMMA = ("T0", "P1", "P2", "P3", "P4"), ("G1", "G3", "G4")
 """The members whose mean per pitch stands for each family in the pilot's correlation."""
 BASE = "single_p1.yaml"  # the config whose persuader samples (the untrained policy of every arm)
@@ -37,9 +38,20 @@ def fit_sims(data_dir: str, only: list[str] | None = None, log: Callable[[str], 
     for k in (1, 3, 4, 2):  # the training simulator and the panel's first; G2 is for its fidelity card only
         if only and f"g{k}" not in only:
             continue
+        out, record = os.path.join(SIMS, f"g{k}"), os.path.join(RECORDS, "sims", f"g{k}")
+        if not os.path.isdir(os.path.join(out, "adapter")) and os.path.isdir(record):
+            shutil.rmtree(out, ignore_errors=True)
+            shutil.copytree(record, out)
+            log(f"sims: G{k} restored from {record}")
+            continue
         fit(FitConfig(model="gemma3-270m", data_dir=data_dir, shard=f"{k}/4",
-                      examples="recipes.p4g_pitch.fit:fit_views", max_tokens=512,
-                      out=os.path.join(SIMS, f"g{k}")), log=log, progress=False)
+                      examples="recipes.p4g_pitch.fit:fit_views", max_tokens=512, out=out), log=log, progress=False)
+        if not os.path.isdir(record):  # kept with the recipe as soon as it is made (a fit takes the better part
+            # of an hour here): the adapter and its fit.json, nothing else of the run
+            os.makedirs(record)
+            shutil.copytree(os.path.join(out, "adapter"), os.path.join(record, "adapter"))
+            shutil.copy2(os.path.join(out, "fit.json"), record)
+            log(f"sims: G{k} kept in {record}")
 
 
 def pilot(configs: str, out: str, n_sampled: int = 256, n_personas: int = 4, overrides: list[str] | None = None,

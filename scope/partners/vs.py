@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..textjson import decode_string, json_values, string_tokens, walk
+from ..textjson import decode_string, json_spans, string_tokens, walk
 
 
 JSON_PREFIX = '{"responses": [{"text": "'
@@ -214,16 +214,29 @@ def _restarts(raw: str):
             continue
 
 
+def _spans(raw: str):
+    """(non-space length, value) of each decodable maximal bracket span of ``raw``, in order."""
+    for a, b in json_spans(raw):
+        try:
+            value = json.loads(raw[a:b])
+        except (ValueError, RecursionError):
+            continue
+        yield sum(not c.isspace() for c in raw[a:b]), value
+
+
 def _parse(raw: Any, k: int, method: str) -> VSParse:
     if not isinstance(raw, str):
         return VSParse(error="reply is not text")
     found_list = False
     texts: list[str] = []
     probs: list[float] = []
-    for value in itertools.chain(json_values(raw), _restarts(raw)):  # an object with a candidate list (at any
-        # depth), or a bare list; the restarts only when the scan found none usable
+    solid = sum(not c.isspace() for c in raw)
+    for span, value in itertools.chain(_spans(raw), ((solid, v) for v in _restarts(raw))):  # an object with a
+        # candidate list (at any depth), or a bare list; the restarts only when the scan found none usable
         holder = next((x for x in walk(value) if _candidate_list(x) is not None), None)
-        items = _candidate_list(holder) if holder is not None else (value if isinstance(value, list) else None)
+        # a bare list is a reply only where it is most of the reply, not one that chance made inside junk
+        bare = value if isinstance(value, list) and 2 * span >= solid else None
+        items = _candidate_list(holder) if holder is not None else bare
         if items is None:
             continue
         found_list = True

@@ -63,19 +63,56 @@ def source_from_data(data: dict[str, Any]) -> str:
     return TEMPLATE.format(data=pprint.pformat(data, width=110, sort_dicts=False))
 
 
-def data_of(source: str) -> dict[str, Any] | None:
-    """The program's top-level ``DATA`` literal, or None when it has none (a model may write any program)."""
+MAX_NESTING = 64
+"""Brackets nested deeper than this, or a line of more operators than MAX_OPERATORS: a text not parsed."""
+MAX_OPERATORS = 400
+
+
+def parse_bounded(source: str) -> ast.Module | None:
+    """``ast.parse`` of a model-written program, or None: bounded in length and nesting before it is parsed
+    (a sum of thousands of terms, thousands of unary minus signs or a long attribute chain would exhaust the
+    parser's stack or memory), and any failure of the parse itself is None too."""
+    if not isinstance(source, str) or len(source) > MAX_SOURCE:
+        return None
+    depth = 0
+    for ch in source:
+        depth += ch in "([{"
+        depth -= ch in ")]}"
+        if depth > MAX_NESTING:
+            return None
+    if any(sum(line.count(c) for c in "+-*/%~&|^.<>=") > MAX_OPERATORS for line in source.splitlines()):
+        return None
     try:
-        tree = ast.parse(source)
-    except SyntaxError:
+        return ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+
+
+def valid_data(data: Any) -> bool:
+    """A program's DATA as mutation reads it: a dict whose ``traits`` (where present) is a list of
+    [name, text, probability] with a text name, a text and a number in [0, 1]."""
+    if not isinstance(data, dict):
+        return False
+    traits = data.get("traits", [])
+    return isinstance(traits, list) and all(
+        isinstance(t, list) and len(t) == 3 and isinstance(t[0], str) and isinstance(t[1], str)
+        and isinstance(t[2], (int, float)) and not isinstance(t[2], bool) and 0.0 <= t[2] <= 1.0 for t in traits) \
+        and all(isinstance(data.get(k, ""), str) for k in ("population", "template"))
+
+
+def data_of(source: str) -> dict[str, Any] | None:
+    """The program's top-level ``DATA`` literal, or None when it has none or one that :func:`valid_data` refuses
+    (a model may write any program)."""
+    tree = parse_bounded(source)
+    if tree is None:
         return None
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "DATA" for t in node.targets):
             try:
                 v = ast.literal_eval(node.value)
-            except (ValueError, SyntaxError):
+            except (ValueError, SyntaxError, TypeError, RecursionError, MemoryError):
                 return None
-            return v if isinstance(v, dict) else None
+            return v if valid_data(v) else None
     return None
 
 
@@ -214,15 +251,18 @@ library. Answer with the whole program in one ```python block.
 
 
 def extract_program(text: str) -> str | None:
-    """The program of a model's reply: the first ```python block that parses and defines ``generate``."""
+    """The program of a model's reply: the first ```python block that parses (bounded: :func:`parse_bounded`),
+    defines ``generate`` and, where it has a DATA, one that :func:`valid_data` admits."""
     import re
 
-    for m in re.finditer(r"```(?:python)?\s*\n(.*?)```", text or "", re.DOTALL):
+    for m in re.finditer(r"```(?:python)?\s*\n(.*?)```", (text or "")[:4 * MAX_SOURCE], re.DOTALL):
         src = m.group(1).strip() + "\n"
-        try:
-            tree = ast.parse(src)
-        except SyntaxError:
+        tree = parse_bounded(src)
+        if tree is None or not any(isinstance(n, ast.FunctionDef) and n.name == "generate" for n in tree.body):
             continue
-        if any(isinstance(n, ast.FunctionDef) and n.name == "generate" for n in tree.body) and len(src) <= MAX_SOURCE:
-            return src
+        has_data = any(isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "DATA" for t in n.targets)
+                       for n in tree.body)
+        if has_data and data_of(src) is None:
+            continue
+        return src
     return None

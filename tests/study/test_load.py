@@ -4,6 +4,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import pytest
 
 from scope.models.server import Server
 from scope.study import store
@@ -71,6 +72,7 @@ def _rss_mb() -> float:
         return next(int(ln.split()[1]) for ln in f if ln.startswith("VmRSS")) / 1024
 
 
+@pytest.mark.long
 def test_1000_sequential_sessions_keep_memory_flat(tmp_path):
     """Participants one after another for a long time: each session's environment is dropped when it ends
     (and beyond study.max_live_sessions when idle), so the server's resident memory does not grow with the

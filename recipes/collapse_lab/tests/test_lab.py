@@ -255,3 +255,20 @@ def test_a_wrong_typed_lab_option_is_one_error_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "env.options.discount" in err[0]
     assert not (tmp_path / "run").exists()
+
+
+def test_every_model_the_configs_name_is_shipped_under_its_current_key():
+    """The demo restores the lab's models from recipes/collapse_lab/prebuilt instead of training them: a change
+    to the code or texts that shape a model changes its key, and then this fails until the models are shipped
+    again (`python -m recipes.collapse_lab models`; `--check` rebuilds them byte for byte)."""
+    import os
+
+    from recipes.collapse_lab.models import _key, model_dir
+    from recipes.collapse_lab.prebuilt import PREBUILT, manifest, named_models, sha256
+
+    configs = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+    man = manifest()
+    want = {f"base-{_key('base', {})}"} | {os.path.basename(model_dir(n, o)[0]) for n, o in named_models(configs)}
+    assert want <= set(man), f"not shipped under the current key: {sorted(want - set(man))}"
+    for name in want:
+        assert sha256(os.path.join(PREBUILT, name, "model.safetensors")) == man[name]["sha256"], name

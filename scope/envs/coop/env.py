@@ -81,7 +81,7 @@ def parse_action(reply: str) -> tuple[str, str] | None:
 def _remove_work(work: str, workspaces: dict[str, str]) -> None:
     for ws in workspaces.values():
         remove_workspace(ws)
-    shutil.rmtree(work, ignore_errors=True)
+    remove_workspace(work)
 
 
 @register_env("coop_coding")
@@ -184,7 +184,7 @@ class CoopCoding(Env):
     def rewards(self) -> dict[str, float]:
         if self.result is None:
             tests = {self.names[r]: self.features[r]["tests_patch"] for r in self.roles}
-            try:  # a workspace past the grading bounds (evaluate.GradingLimit) fails this episode, with its note
+            try:  # a grade never raises: what cannot be graded (past the bounds, unreadable) fails, with its reason
                 patches = {self.names[r]: self.patch(r) for r in self.roles}
                 self.result = evaluate.evaluate_pair(
                     self.base_dir, patches, tests,
@@ -192,6 +192,8 @@ class CoopCoding(Env):
                                        Limits(wall_seconds=self.test_seconds, workspace_mb=self.limits.workspace_mb),
                                        allow_unsandboxed=self.allow_unsandboxed),
                     wall_seconds=self.test_seconds)
+            except Exception as e:  # noqa: BLE001 - recorded in the episode's meta, counted per step
+                self.result = evaluate.not_graded(tests, f"{type(e).__name__}: {e}"[:500])
             finally:
                 self._remove()
             self._record()
@@ -211,7 +213,8 @@ class CoopCoding(Env):
         res = self.result
         assert res is not None  # recorded once the pair is graded
         self.meta["coop"] = {
-            "success": res.success, "merge": res.merge.status, "conflicts": res.merge.conflicts,
+            "success": res.success, "merge": res.merge.status, "graded": res.merge.status != "not graded",
+            "conflicts": res.merge.conflicts,
             "apply_errors": res.merge.apply_errors, "dropped": res.merge.dropped,
             "features": {k: {"ok": f.ok, "passed": f.passed, "failed": f.failed, "errors": f.errors,
                              "note": f.note} for k, f in res.features.items()},
@@ -232,7 +235,8 @@ class CoopCoding(Env):
                "coop/conflict_rate": sum(bool(c.get("conflicts")) for c in cs) / n,
                "coop/messages_per_episode": sum(sum((c.get("messages") or {}).values()) for c in cs) / n,
                "coop/malformed_per_episode": sum(sum((c.get("malformed") or {}).values()) for c in cs) / n,
-               "coop/apply_error_rate": sum(bool(c.get("apply_errors")) for c in cs) / n}
+               "coop/apply_error_rate": sum(bool(c.get("apply_errors")) for c in cs) / n,
+               "coop/not_graded_rate": sum(c.get("graded") is False for c in cs) / n}
         for status in ("clean", "union", "failed"):
             out[f"coop/merge_{status}"] = sum(c.get("merge") == status for c in cs) / n
         if turns:

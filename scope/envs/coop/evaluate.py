@@ -12,15 +12,19 @@
 3. **Merge.** ``git merge`` of the first agent's branch into the second's (``--no-ff``); on a conflict
    the merge is redone with ``* merge=union`` in ``.gitattributes`` (both sides' lines kept), and the
    merge status says which (``clean``, ``union``, or ``failed`` when even that does not apply).
-4. **Test.** For each feature: a copy of the merged tree, its ``tests.patch`` applied, and pytest run in
-   the sandbox on the test files that patch touches, with a JUnit XML report; pytest itself is imported
-   before the workspace joins ``sys.path`` (``python -P``), so no file there can stand in for it. A feature passes iff
-   pytest exits 0 and the report counts at least one passed test (read from pytest's own report, not
-   from printed text). The pair succeeds iff both features pass.
+4. **Test.** For each feature: a copy of the merged tree with its ``tests.patch`` applied. The process that
+   decides never runs the candidate's code: pytest runs on the host on copies of the hidden test files alone
+   (``judge.py``: no workspace on the path, no plugin autoloading, a report the candidate cannot reach), and
+   every module of the tree the tests import is a stand-in that asks a process in the sandbox
+   (``judge_child.py``) for its attributes, calls and items over two pipes. Values come back as plain data
+   and are compared on the host, so a forged report, a planted plugin or distribution, a shadowed package, an
+   early exit or an object equal to anything cannot pass a test. A feature passes iff pytest exits 0, at
+   least one test passed and every test function the hidden files define was reported passed (one that was
+   expected and not reported fails). The pair succeeds iff both features pass.
 """
 from __future__ import annotations
 
-import io
+import base64
 import os
 import re
 import shutil
@@ -33,7 +37,6 @@ from dataclasses import dataclass, field
 
 from .sandbox import Sandbox, make_workspace, remove_workspace, work_dir  # noqa: F401 - Sandbox: the type sandbox_for returns
 
-_MAX_REPORT = 16 << 20  # bytes of pytest's report read back
 _TEST_PATH = ("/test_", "/tests/", "_test.py", "/test/", "tests.py")
 _TEST_CONFIG = ("conftest.py", "pytest.ini", "tox.ini")
 _CONFIG_MAYBE = ("setup.cfg", "pyproject.toml")
@@ -139,8 +142,9 @@ def git(cwd: str, *args: str, check: bool = True, input: str | None = None,
                GIT_ATTR_NOSYSTEM="1", GIT_TERMINAL_PROMPT="0", HOME="/nonexistent", XDG_CONFIG_HOME="/nonexistent",
                LC_ALL="C")
     try:
+        # bytes that are not UTF-8 (a Latin-1 file in a diff) pass through as surrogates and back, unchanged
         r = subprocess.run(["git", *_SAFE, *args], cwd=cwd, capture_output=True, text=True, env=env, input=input,
-                           timeout=timeout)
+                           timeout=timeout, encoding="utf-8", errors="surrogateescape")
     except subprocess.TimeoutExpired:
         raise GradingLimit(f"git {args[-1] if args else ''}: over {timeout:.0f} s on the host") from None
     if check and r.returncode:
@@ -163,48 +167,54 @@ class GradingLimit(RuntimeError):
 
 
 MAX_PATCH_FILES = 20_000
-"""Files of a workspace taken into its patch, at most."""
+"""Entries (files, links and directories) of a workspace taken into its patch, at most."""
 MAX_PATCH_BYTES = 64 << 20
 """Bytes of a workspace's files taken into its patch, at most."""
+MAX_PATCH_DEPTH = 64
+"""Directories nested deeper than this in a workspace: not graded."""
 
 
 def stage_workspace(workspace: str, dest: str, max_files: int = MAX_PATCH_FILES, max_bytes: int = MAX_PATCH_BYTES,
-                    seconds: float = GIT_SECONDS) -> None:
+                    seconds: float = GIT_SECONDS, max_depth: int = MAX_PATCH_DEPTH) -> None:
     """Copy what git may see of ``workspace`` into ``dest``: regular files and symbolic links only (a FIFO, a
     socket or a device would block or mislead host-side git), never an entry named ``.git`` at any depth (a
-    nested repository or a ``gitdir:`` pointer would make git read outside the workspace). Past
-    ``max_files``, ``max_bytes`` or ``seconds``, or a directory that cannot be read: :class:`GradingLimit`."""
+    nested repository or a ``gitdir:`` pointer would make git read outside the workspace). The walk holds its
+    own stack (any depth is safe to look at); past ``max_files`` entries (directories count), ``max_bytes``,
+    ``max_depth`` nested directories or ``seconds``, or a directory that cannot be read: :class:`GradingLimit`."""
     import time
 
-    t0, files, size = time.monotonic(), 0, 0
-
-    def unreadable(e: OSError) -> None:
-        raise GradingLimit(f"the workspace cannot be read whole ({e.strerror}: {e.filename})")
-
-    for root, dirs, names in os.walk(workspace, onerror=unreadable):
-        dirs[:] = [d for d in dirs if d != ".git" and not os.path.islink(os.path.join(root, d))]
-        rel = os.path.relpath(root, workspace)
-        out = dest if rel == "." else os.path.join(dest, rel)
-        os.makedirs(out, exist_ok=True)
-        links = [d for d in os.listdir(root) if d != ".git" and os.path.islink(os.path.join(root, d))
-                 and d not in names]
-        for name in [n for n in names if n != ".git"] + links:
+    t0, entries, size = time.monotonic(), 0, 0
+    stack = [(workspace, dest, 0)]
+    while stack:
+        src_dir, out, depth = stack.pop()
+        if depth > max_depth:
+            raise GradingLimit(f"the workspace nests directories over {max_depth} deep: not graded")
+        try:
+            os.makedirs(out, exist_ok=True)
+            with os.scandir(src_dir) as it:
+                found = sorted((e for e in it if e.name != ".git"), key=lambda e: e.name)
+        except OSError as e:
+            raise GradingLimit(f"the workspace cannot be read whole ({e.strerror}: {e.filename})") from None
+        for ent in found:
             if time.monotonic() - t0 > seconds:
                 raise GradingLimit(f"taking the patch took over {seconds:.0f} s")
-            src = os.path.join(root, name)
-            st = os.lstat(src)
-            if stat.S_ISLNK(st.st_mode) or stat.S_ISREG(st.st_mode):
-                files, size = files + 1, size + st.st_size
-                if files > max_files or size > max_bytes:
-                    raise GradingLimit(f"the workspace holds more than {max_files} files or {max_bytes >> 20} MB: "
-                                       "not graded")
-            if stat.S_ISLNK(st.st_mode):
-                os.symlink(os.readlink(src), os.path.join(out, name))
+            st = ent.stat(follow_symlinks=False)
+            entries += 1
+            if stat.S_ISREG(st.st_mode):
+                size += st.st_size
+            if entries > max_files or size > max_bytes:
+                raise GradingLimit(f"the workspace holds more than {max_files} files or directories, or "
+                                   f"{max_bytes >> 20} MB: not graded")
+            target = os.path.join(out, ent.name)
+            if stat.S_ISDIR(st.st_mode):
+                stack.append((ent.path, target, depth + 1))
+            elif stat.S_ISLNK(st.st_mode):
+                os.symlink(os.readlink(ent.path), target)
             elif stat.S_ISREG(st.st_mode):
-                fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-                with os.fdopen(fd, "rb") as f, open(os.path.join(out, name), "wb") as g:
+                fd = os.open(ent.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+                with os.fdopen(fd, "rb") as f, open(target, "wb") as g:
                     shutil.copyfileobj(f, g)
-                os.chmod(os.path.join(out, name), st.st_mode & 0o755)
+                os.chmod(target, st.st_mode & 0o755)
             # anything else (a FIFO, a socket, a device) is not a file of a patch: left out
 
 
@@ -241,7 +251,7 @@ def apply_patch(repo: str, patch: str) -> str | None:
 
 @dataclass
 class MergeResult:
-    status: str                       # clean | union | failed
+    status: str                       # clean | union | failed | not graded
     tree: str | None                  # the merged work tree (a git repository), None if failed
     apply_errors: dict[str, str] = field(default_factory=dict)   # branch -> why its patch did not apply
     dropped: dict[str, list[str]] = field(default_factory=dict)  # branch -> files filtered out
@@ -332,33 +342,114 @@ def _run_feature_tests(tree: str, ws: str, tests_patch: str, sandbox_for, wall_s
                     and os.path.exists(os.path.join(ws, x.path))})
     if not files:
         return TestOutcome(note="the hidden tests patch names no test file")
-    report = ".scope-junit.xml"
-    # -P: the workspace is not on sys.path while pytest is imported; then it is, first, as `python -m pytest`
-    # would have put it (the tests import the project's modules from there)
-    cmd = ("python -P -c 'import os, sys; import pytest; sys.path.insert(0, os.getcwd()); "
-           "sys.exit(pytest.main(sys.argv[1:]))' -q -p no:cacheprovider -o addopts= --rootdir=. "
-           f"--junitxml={report} " + " ".join(files))
-    r = sandbox_for(ws).run(cmd, wall_seconds=wall_seconds)
-    out = TestOutcome(exit_code=r.exit_code, output=r.output[-4000:])
-    try:  # the agent's code ran in that workspace: the report may be anything, a link included
-        fd = os.open(os.path.join(ws, report), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO or a device, not a report
-            os.close(fd)
-            raise OSError
-    except OSError:
-        out.note = "pytest wrote no report" + (" (timed out)" if r.timed_out else "")
-        return out
-    try:
-        with os.fdopen(fd, "rb") as f:
-            data = f.read(_MAX_REPORT + 1)
-        if len(data) > _MAX_REPORT:
-            raise ValueError(f"over {_MAX_REPORT >> 20} MB")
-        out.passed, out.failed, out.errors, out.skipped = junit_counts(io.BytesIO(data))
-    except (ET.ParseError, ValueError, OSError) as e:
-        out.note = f"unreadable pytest report: {e}"
-        return out
-    out.ok = r.exit_code == 0 and out.passed >= 1 and not r.timed_out
+    return judge(ws, files, sandbox_for(ws), wall_seconds)
+
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def top_modules(tree: str) -> set[str]:
+    """The names a test could import from ``tree``: its top-level modules and packages (not its tests, not a
+    name of the standard library or the test runner's)."""
+    out = set()
+    for name in os.listdir(tree):
+        full = os.path.join(tree, name)
+        mod = name[:-3] if name.endswith(".py") and os.path.isfile(full) else name if os.path.isdir(full) else ""
+        if mod.isidentifier() and mod not in ("tests", "test") and not shadows(mod):
+            out.add(mod)
     return out
+
+
+def expected_tests(judge_dir: str, files: list[str]) -> set[str]:
+    """The test functions the hidden test files define (``file::name`` and ``file::Class::name``)."""
+    import ast
+
+    out = set()
+    for f in files:
+        tree = ast.parse(open(os.path.join(judge_dir, f), "rb").read())
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test"):
+                out.add(f"{f}::{node.name}")
+            elif isinstance(node, ast.ClassDef) and node.name.startswith("Test"):
+                out |= {f"{f}::{node.name}::{m.name}" for m in node.body
+                        if isinstance(m, (ast.FunctionDef, ast.AsyncFunctionDef)) and m.name.startswith("test")}
+    return out
+
+
+def reported_tests(root: ET.Element) -> dict[str, bool]:
+    """Test id (``file::[Class::]name``, parameters dropped) -> whether every one of its cases passed."""
+    out: dict[str, bool] = {}
+    for case in root.iter("testcase"):
+        cls, name = case.get("classname", ""), case.get("name", "").split("[", 1)[0]
+        parts = cls.split(".")
+        # classname is the file's dotted path, then the class where there is one
+        klass = [parts.pop()] if parts and parts[-1][:1].isupper() and parts[-1].startswith("Test") else []
+        key = "::".join(["/".join(parts) + ".py", *klass, name])
+        ok = not any(case.find(t) is not None for t in ("failure", "error", "skipped"))
+        out[key] = out.get(key, True) and ok
+    return out
+
+
+def judge(ws: str, files: list[str], box: Sandbox, wall_seconds: float | None) -> TestOutcome:
+    """Run the hidden ``files`` (paths in ``ws``) with the judge on the host and the candidate's code in ``box``
+    (see judge.py): a feature passes iff pytest exits 0, at least one test passed, and every test the files
+    define was reported passed."""
+    wall = box.limits.wall_seconds if wall_seconds is None else wall_seconds
+    jd = tempfile.mkdtemp(prefix="scope-judge-")
+    try:
+        for f in files:  # the hidden tests, read without following a link the tree might hold
+            os.makedirs(os.path.join(jd, os.path.dirname(f)), exist_ok=True)
+            fd = os.open(os.path.join(ws, f), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            with os.fdopen(fd, "rb") as src, open(os.path.join(jd, f), "wb") as dst:
+                shutil.copyfileobj(src, dst)
+        with open(os.path.join(jd, "pytest.ini"), "w") as fh:
+            fh.write("[pytest]\n")
+        expected = expected_tests(jd, files)
+        report = os.path.join(jd, "report.xml")
+        child_src = base64.b64encode(open(os.path.join(_HERE, "judge_child.py"), "rb").read()).decode()
+        cmd = f"exec python -I -c \"import base64; exec(base64.b64decode('{child_src}'))\""
+        to_child_r, to_child_w = os.pipe()
+        from_child_r, from_child_w = os.pipe()
+        try:
+            with box.started(cmd, stdin=to_child_r, stdout=from_child_w):
+                os.close(to_child_r)
+                os.close(from_child_w)
+                to_child_r = from_child_w = -1
+                env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+                       "HOME": jd}
+                argv = [sys.executable, "-I", os.path.join(_HERE, "judge.py"), "--to-child", str(to_child_w),
+                        "--from-child", str(from_child_r), "--modules", ",".join(sorted(top_modules(ws))),
+                        "--seconds", str(wall), "--report", report, *files]
+                try:
+                    r = subprocess.run(argv, cwd=jd, env=env, pass_fds=(to_child_w, from_child_r),
+                                       capture_output=True, timeout=wall + 30)
+                    code, text, timed_out = r.returncode, (r.stdout + r.stderr).decode("utf-8", "replace"), False
+                except subprocess.TimeoutExpired:
+                    code, text, timed_out = -1, "", True
+        finally:
+            for fd in (to_child_r, to_child_w, from_child_r, from_child_w):
+                if fd >= 0:
+                    os.close(fd)
+        out = TestOutcome(exit_code=code, output=text[-4000:])
+        if timed_out or not os.path.exists(report):
+            out.note = "the judge wrote no report" + (" (timed out)" if timed_out else "")
+            out.failed = len(expected)
+            return out
+        try:
+            root = ET.parse(report).getroot()
+            out.passed, out.failed, out.errors, out.skipped = junit_counts(report)
+        except ET.ParseError as e:
+            out.note = f"unreadable report: {e}"
+            return out
+        got = reported_tests(root)
+        missing = sorted(expected - set(got))
+        if missing:
+            out.failed += len(missing)
+            out.note = f"expected and not reported: {', '.join(missing)}"
+        out.ok = code == 0 and out.passed >= 1 and not missing and all(got.get(t, False) for t in expected)
+        return out
+    finally:
+        shutil.rmtree(jd, ignore_errors=True)
 
 
 @dataclass
@@ -369,6 +460,12 @@ class PairResult:
     @property
     def success(self) -> bool:
         return self.merge.tree is not None and bool(self.features) and all(f.ok for f in self.features.values())
+
+
+def not_graded(tests: dict[str, str], reason: str) -> PairResult:
+    """The result of a pair that could not be graded (``reason``): it fails, and nothing of it is credited."""
+    return PairResult(MergeResult("not graded", None, apply_errors={"*": reason}),
+                      {name: TestOutcome(note=f"not graded: {reason}") for name in tests})
 
 
 def evaluate_pair(base_dir: str, patches: dict[str, str], tests: dict[str, str], sandbox_for,

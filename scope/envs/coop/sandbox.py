@@ -35,6 +35,7 @@ rlimits only, and every result says ``sandboxed=False``.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import resource
@@ -46,8 +47,11 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from dataclasses import dataclass, field
+from typing import Iterator
+
+from .cgroups import Cgroup as _Cgroup
+from .cgroups import cgroups_usable  # noqa: F401 - part of this module's interface
 
 
 class SandboxUnavailable(RuntimeError):
@@ -129,94 +133,6 @@ def _parents(path: str, made: set[str]) -> list[str]:
         made.add(p)
         out += ["--perms", "0755", "--dir", p]
     return out
-
-
-class _Cgroup:
-    """A cgroup (v1 or v2) of one call: a process-count and a memory limit that bind root too."""
-
-    def __init__(self, max_processes: int, memory_bytes: int):
-        self.paths: list[str] = []
-        name = f"scope-sandbox-{uuid.uuid4().hex[:12]}"
-        if os.path.exists("/sys/fs/cgroup/cgroup.controllers"):  # v2 only
-            base = "/sys/fs/cgroup" + _own_cgroup("")
-            p = os.path.join(base, name)
-            os.mkdir(p)
-            self.paths.append(p)
-            _write(os.path.join(p, "pids.max"), str(max_processes))
-            _write(os.path.join(p, "memory.max"), str(memory_bytes))
-            _try_write(os.path.join(p, "memory.swap.max"), "0")
-        else:
-            for ctrl, files in (("pids", {"pids.max": str(max_processes)}),
-                                ("memory", {"memory.limit_in_bytes": str(memory_bytes)})):
-                base = os.path.join("/sys/fs/cgroup", ctrl) + _own_cgroup(ctrl)
-                p = os.path.join(base, name)
-                os.mkdir(p)
-                self.paths.append(p)
-                for f, v in files.items():
-                    _write(os.path.join(p, f), v)
-                if ctrl == "memory":
-                    _try_write(os.path.join(p, "memory.memsw.limit_in_bytes"), str(memory_bytes))
-
-    def enter(self) -> None:  # in the child, before exec
-        for p in self.paths:
-            _write(os.path.join(p, "cgroup.procs"), str(os.getpid()))
-
-    def kill_all(self) -> None:
-        for _ in range(50):
-            pids: set[int] = set()
-            for p in self.paths:
-                try:
-                    pids.update(int(x) for x in open(os.path.join(p, "cgroup.procs")).read().split())
-                except OSError:
-                    pass
-            if not pids:
-                return
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            time.sleep(0.01)
-
-    def remove(self) -> None:
-        self.kill_all()
-        for p in self.paths:
-            for _ in range(100):
-                try:
-                    os.rmdir(p)
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError:
-                    time.sleep(0.01)
-
-
-def _own_cgroup(controller: str) -> str:
-    for line in open("/proc/self/cgroup"):
-        _, ctrls, path = line.rstrip("\n").split(":", 2)
-        if (controller == "" and ctrls == "") or controller in ctrls.split(","):
-            return path.rstrip("/")
-    return ""
-
-
-def _write(path: str, value: str) -> None:
-    with open(path, "w") as f:
-        f.write(value)
-
-
-def _try_write(path: str, value: str) -> None:
-    try:
-        _write(path, value)
-    except OSError:
-        pass
-
-
-def cgroups_usable() -> bool:
-    try:
-        _Cgroup(8, 64 << 20).remove()
-        return True
-    except OSError:
-        return False
 
 
 # The sandbox's first process when root starts it: keep no capability (bounding set emptied, ambient,
@@ -331,7 +247,10 @@ def remove_workspace(path: str) -> None:
     """Remove a workspace (unmounting its tmpfs first); a missing one is fine."""
     if os.path.ismount(path):
         subprocess.run(["umount", "-l", path], capture_output=True)
-    shutil.rmtree(path, ignore_errors=True)
+    try:
+        shutil.rmtree(path, ignore_errors=True)
+    except RecursionError:  # a tree nested past Python's stack: rm walks it without recursion
+        subprocess.run(["rm", "-rf", "--one-file-system", "--", path], capture_output=True)
 
 
 def _entries(root: str):
@@ -454,9 +373,10 @@ class Sandbox:
         return [self.bwrap, "--unshare-user", "--disable-userns", "--cap-drop", "ALL", "--dev-bind", "/", "/",
                 "--chdir", self.workspace, "--"]
 
-    def run(self, command: str, wall_seconds: float | None = None) -> Result:
+    def _launch(self, command: str, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT):
+        """Start ``command`` in the sandbox under the limits: (the process or the OSError that stopped it, its
+        cgroup or None, notes, the workspace's files before it where the quota is totalled)."""
         lim = self.limits
-        wall = lim.wall_seconds if wall_seconds is None else wall_seconds
         cg = None
         notes: list[str] = []
         max_file = lim.max_file_mb << 20
@@ -488,16 +408,43 @@ class Sandbox:
                 resource.setrlimit(resource.RLIMIT_NPROC, (lim.max_processes, lim.max_processes))
 
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": self.workspace}
-        t0 = time.perf_counter()
-        out = bytearray()
-        dropped = 0
         try:
-            proc = subprocess.Popen(self._argv(command), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, cwd=self.workspace, env=env, preexec_fn=limit_child)
+            proc: subprocess.Popen | OSError = subprocess.Popen(
+                self._argv(command), stdin=stdin, stdout=stdout, stderr=stderr, cwd=self.workspace, env=env,
+                preexec_fn=limit_child)
         except OSError as e:
             if cg is not None:
                 cg.remove()
-            return Result(-1, f"could not start the command: {e}", 0.0, sandboxed=self.sandboxed, notes=notes)
+            cg, proc = None, e
+        return proc, cg, notes, before
+
+    @contextlib.contextmanager
+    def started(self, command: str, stdin: int, stdout: int) -> Iterator[subprocess.Popen]:
+        """``command`` running in the sandbox with its standard input and output on the given descriptors (its
+        errors are dropped), for the length of the block; then it and whatever it started are killed and the
+        quota is held as after :meth:`run`. OSError where it cannot start."""
+        proc, cg, _, before = self._launch(command, stdin=stdin, stdout=stdout, stderr=subprocess.DEVNULL)
+        if isinstance(proc, OSError):
+            raise proc
+        try:
+            yield proc
+        finally:
+            _kill_group(proc.pid)
+            if cg is not None:
+                cg.remove()
+            proc.wait()
+            if before is not None:
+                self._hold_quota(before)
+
+    def run(self, command: str, wall_seconds: float | None = None) -> Result:
+        lim = self.limits
+        wall = lim.wall_seconds if wall_seconds is None else wall_seconds
+        t0 = time.perf_counter()
+        out = bytearray()
+        dropped = 0
+        proc, cg, notes, before = self._launch(command)
+        if isinstance(proc, OSError):
+            return Result(-1, f"could not start the command: {proc}", 0.0, sandboxed=self.sandboxed, notes=notes)
 
         def reader() -> None:
             nonlocal dropped
