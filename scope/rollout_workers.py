@@ -106,6 +106,9 @@ class WorkerRollout:
         self.sent: list[dict[tuple[str, str | None], int]] = [{} for _ in range(n)]
         self.stats = {"weight_syncs": 0, "sync_seconds": 0.0, "worker_failures": 0, "restarts": 0}
         self.key_of = {id(b): k for k, b in backends.items()}
+        # the models the copies hold (the driver's as they were built from the config): an evaluation panel's
+        # members, loaded into the driver's table later, are not the generators' to hold nor to be sent
+        self.keys = list(backends)
         self.seq = 0  # every hand-out of weights is numbered: a worker applies them in this order
 
     # -- the transport (a subclass's) --
@@ -136,7 +139,8 @@ class WorkerRollout:
     def _weights(self) -> tuple[dict[tuple[str, str | None], int], dict[str, list[str]]]:
         """(the version of every adapter, and of fully fine-tuned weights once updated; adapters per backend)."""
         versions, live = {}, {}
-        for key, b in self.backends.items():
+        for key in self.keys:
+            b = self.backends[key]
             local = getattr(b, "local", b)
             live[key] = local.adapter_names()
             for a in live[key]:

@@ -220,3 +220,19 @@ def test_a_learner_with_tis_trains_on_stale_tokens_that_the_plain_clip_ignores(t
     assert out["tis_truncated"] == pytest.approx(1.0)
     assert out["mismatch_kl"] == pytest.approx(math.exp(5) - 1 - 5, rel=1e-3)
     assert out["ratio"] == pytest.approx(1.0, abs=1e-4)
+
+
+def test_a_panel_member_on_a_model_of_its_own_is_not_sent_to_the_generator(tmp_path):
+    """The evaluation panel loads its members' models into the driver's table after the generator was built:
+    they are the learner's to evaluate with, not weights to hand the generator's copy (which never built
+    them: sending them once failed every episode of an asynchronous run of the collapse lab)."""
+    panel = tmp_path / "panel.yaml"
+    panel.write_text("episodes: 2\nmodels:\n  other: {path: tiny-random, dtype: float32}\npartners:\n"
+                     "  - {id: seen-p, seen: true, model: policy}\n  - {id: other-p, seen: false, model: other}\n")
+    cfg = bandit(tmp_path / "run", steps=4, max_staleness=1).model_dump()
+    cfg["eval"] = {"panel": str(panel), "every": 1, "at_start": True}
+    train(parse_config(cfg), log=lambda s: None)
+    ms = read_metrics(str(tmp_path / "run"))
+    steps = [m for m in ms if "failed_episodes" in m]
+    assert len(steps) == 4 and all(m["failed_episodes"] == 0 for m in steps), [m["failed_episodes"] for m in steps]
+    assert sum("eval/partner/other-p" in m for m in ms) >= 4

@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -192,3 +193,18 @@ def test_whatever_grading_raises_fails_the_pair_with_its_reason(monkeypatch):
     assert meta["graded"] is False and "RecursionError" in meta["apply_errors"]["*"]
     assert not os.path.exists(env.work)
     assert type(env).step_metrics([type("E", (), {"meta": env.meta})()])["coop/not_graded_rate"] == 1.0
+
+
+def test_grading_past_its_deadline_is_not_graded(tmp_path, monkeypatch):
+    from scope.envs.coop import evaluate
+
+    def slow(tree, tp, sandbox_for, wall):
+        time.sleep(1.5)
+        return evaluate.TestOutcome(note="slow")
+
+    monkeypatch.setattr(evaluate, "run_feature_tests", slow)
+    base, (fa, fb) = textkit_pair()
+    tests = {fa["name"]: fa["tests_patch"], fb["name"]: fb["tests_patch"]}
+    with pytest.raises(evaluate.GradingLimit, match="too slow"):
+        evaluate.evaluate_pair(base, {"agent1": fa["reference_patch"], "agent2": ""}, tests, box,
+                               deadline_seconds=2.5)

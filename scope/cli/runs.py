@@ -66,6 +66,10 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     v.add_argument("--seed", type=int, default=0)
     v.add_argument("--fail-rate", type=float, default=0.0,
                    help="answer this share of requests with 503 (fault-injection testing)")
+    v.add_argument("--header-seconds", type=float, default=10.0,
+                   help="close a connection that has not sent a whole request head in this long")
+    v.add_argument("--max-connections", type=int, default=1000,
+                   help="open connections at most (one more closes the longest-waiting idle one)")
     v.set_defaults(fn=serve, user_errors=())
 
 
@@ -92,7 +96,8 @@ def serve(args: argparse.Namespace) -> int:
             orig(prompts, sampling, "served", sessions))
     srv = make_server(b, host=args.host, port=args.port, model_name=args.name or args.model,
                       fail_rate=args.fail_rate, seed=args.seed, max_batch=args.max_batch, api_key=key,
-                      max_body_bytes=args.max_body_bytes).start()
+                      max_body_bytes=args.max_body_bytes, header_seconds=args.header_seconds,
+                      max_connections=args.max_connections).start()
     host, port = srv.server_address
     log(f"serving {args.model} at http://{host}:{port}/v1 (chat completions)" + (" (API key required)" if key else ""))
     srv.wait()

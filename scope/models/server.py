@@ -11,8 +11,14 @@ one call. Limits a client cannot lift:
 - request bodies are capped in size (``max_body_bytes``, 1 MiB by default): 413 beyond it; a body that
   is not strict JSON (NaN, Infinity, nesting too deep) or holds a setting of the wrong type (``n: 1.5``,
   ``temperature: NaN``) answers 400;
-- a prompt with more bytes than the context could hold at the vocabulary's longest token is refused
-  before it is tokenised, and tokenising runs off the event loop.
+- a prompt with more bytes than the context could hold at the vocabulary's longest token, or more than
+  ``MAX_MESSAGES`` messages, is refused before it is tokenised, and tokenising runs off the event loop;
+- no client holds the server: a connection that has not sent a whole request head within
+  ``HEADER_SECONDS`` is closed, a body that stalls ``BODY_SECONDS`` answers 408, connections past
+  ``MAX_CONNECTIONS`` make room by closing the one that has waited longest for its head (the descriptor
+  limit raised above it at start-up), and a
+  request whose client went away is not generated for (cancelled while it waits; a stream stops at the
+  next token).
 
 ``fail_rate`` makes that share of requests answer 503 (seeded), for fault-injection tests of clients.
 """
@@ -32,13 +38,23 @@ from concurrent.futures import Future
 from typing import Any
 
 from fastapi import FastAPI, Request  # module level: the route signatures' annotations are resolved here
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ..types import SamplingParams
 from .backend import LocalBackend
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 MAX_BODY_BYTES = 1 << 20
+MAX_MESSAGES = 512
+"""Messages of one chat request, at most: more are refused before any is read (a 780 KB body can hold 60,000)."""
+HEADER_SECONDS = 10.0
+"""A connection that has not sent a whole request head this long after it opened (or after its last response)
+is closed: half-open connections cannot hold the server's descriptors."""
+BODY_SECONDS = 30.0
+"""A request body that stalls this long between two chunks is refused (408)."""
+MAX_CONNECTIONS = 1000
+"""Open connections at most (the descriptor limit is raised above it at start-up where the hard limit allows);
+one more makes room by closing the connection that has waited longest for its request head."""
 
 
 class Batcher:
@@ -46,6 +62,7 @@ class Batcher:
         self.backend, self.max_batch, self.window_s = backend, max_batch, window_s
         self.q: queue.Queue = queue.Queue()
         self.stop = threading.Event()
+        self.skipped = 0  # requests cancelled before they were generated (their clients were gone)
         self.thread = threading.Thread(target=self._loop, daemon=True)
         self.thread.start()
 
@@ -54,12 +71,14 @@ class Batcher:
         self.q.put((prompt, sp, f))
         return f
 
-    def submit_streaming(self, prompt: list[int], sp: SamplingParams, on_text) -> Future:
+    def submit_streaming(self, prompt: list[int], sp: SamplingParams, on_text,
+                         gone: threading.Event | None = None) -> Future:
         """As ``submit``; ``on_text(text so far)`` is called from the generating thread after each token (the
-        request is generated in a group of its own: its callback is its own)."""
+        request is generated in a group of its own: its callback is its own); once ``gone`` is set (its client
+        went away) the generation stops at the next token."""
         def watch(text: str) -> bool:
             on_text(text)
-            return False
+            return gone is not None and gone.is_set()
 
         return self.submit(prompt, dataclasses.replace(sp, stop_fn=watch))
 
@@ -76,6 +95,10 @@ class Batcher:
                     items.append(self.q.get(timeout=max(0.0, deadline - time.time())))
                 except queue.Empty:
                     break
+            # a request whose client went away was cancelled while it waited: it is not generated
+            live = [it for it in items if it[2].set_running_or_notify_cancel()]
+            self.skipped += len(items) - len(live)
+            items = live
             groups: dict[tuple, list] = {}
             for it in items:
                 sp = it[1]
@@ -146,8 +169,34 @@ def context_length(backend: LocalBackend) -> int:
     return int(getattr(cfg, "max_position_embeddings", 0) or 4096)
 
 
+class Guard:
+    """The API key and the declared body size, checked before a request reaches a route. A plain ASGI middleware
+    (not ``@app.middleware``, whose wrapping of ``receive`` hides a client's disconnect from the route)."""
+
+    def __init__(self, app, api_key: str | None, max_body_bytes: int):
+        self.app, self.api_key, self.max_body_bytes = app, api_key, max_body_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+            refuse = None
+            if self.api_key is not None and not hmac.compare_digest(
+                    headers.get("authorization", "").encode(), f"Bearer {self.api_key}".encode()):
+                refuse = (401, "missing or wrong API key", "authentication_error")
+            n = headers.get("content-length")
+            if refuse is None and n is not None and (not n.isdigit() or int(n) > self.max_body_bytes):
+                refuse = (413, f"request body over {self.max_body_bytes} bytes", "invalid_request_error")
+            if refuse is not None:
+                code, msg, typ = refuse
+                body = JSONResponse({"error": {"message": msg, "type": typ, "code": code}}, status_code=code)
+                await body(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 def make_app(backend: LocalBackend, model_name: str = "scope", fail_rate: float = 0.0, seed: int = 0,
-             max_batch: int = 32, api_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES):
+             max_batch: int = 32, api_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES,
+             body_seconds: float = BODY_SECONDS):
     app = FastAPI(title="scope serve", docs_url=None, redoc_url=None, openapi_url=None)
     batcher = Batcher(backend, max_batch=max_batch)
     app.state.batcher = batcher
@@ -162,24 +211,19 @@ def make_app(backend: LocalBackend, model_name: str = "scope", fail_rate: float 
     def error(code: int, msg: str, typ: str = "invalid_request_error") -> JSONResponse:
         return JSONResponse({"error": {"message": msg, "type": typ, "code": code}}, status_code=code)
 
-    @app.middleware("http")
-    async def guard(request: Request, call_next):
-        if api_key is not None:
-            got = request.headers.get("authorization", "")
-            if not hmac.compare_digest(got.encode(), f"Bearer {api_key}".encode()):
-                return error(401, "missing or wrong API key", "authentication_error")
-        n = request.headers.get("content-length")
-        if n is not None and (not n.isdigit() or int(n) > max_body_bytes):
-            return error(413, f"request body over {max_body_bytes} bytes")
-        return await call_next(request)
+    app.add_middleware(Guard, api_key=api_key, max_body_bytes=max_body_bytes)
 
     async def read_body(request: Request) -> bytes:
         data = bytearray()
-        async for chunk in request.stream():  # a body without Content-Length is capped as it arrives
+        chunks = request.stream().__aiter__()
+        while True:  # a body without Content-Length is capped as it arrives; one that stalls is refused
+            try:
+                chunk = await asyncio.wait_for(chunks.__anext__(), body_seconds)
+            except StopAsyncIteration:
+                return bytes(data)
             data += chunk
             if len(data) > max_body_bytes:
                 raise OverflowError
-        return bytes(data)
 
     @app.get("/v1/models")
     @app.get("/models")
@@ -198,6 +242,8 @@ def make_app(backend: LocalBackend, model_name: str = "scope", fail_rate: float 
             raw = await read_body(request)
         except OverflowError:
             return error(413, f"request body over {max_body_bytes} bytes")
+        except asyncio.TimeoutError:
+            return error(408, f"the request body stalled for {body_seconds:g} s")
         try:
             body, msgs, sp, stream = _chat_request(raw)
             n_bytes = sum(len(m["content"].encode("utf-8", "surrogatepass")) for m in msgs)
@@ -219,8 +265,15 @@ def make_app(backend: LocalBackend, model_name: str = "scope", fail_rate: float 
         if stream:
             return StreamingResponse(_stream(batcher, prompt, sp, body.get("model", model_name)),
                                      media_type="text/event-stream")
+        fut = batcher.submit(prompt, sp)
+        waiting = asyncio.wrap_future(fut)
+        while not waiting.done():  # a client that went away is not generated for (cancelled while it waits)
+            await asyncio.wait({waiting}, timeout=0.25)
+            if not waiting.done() and await request.is_disconnected():
+                fut.cancel()
+                return Response(status_code=499)
         try:
-            c = await asyncio.wrap_future(batcher.submit(prompt, sp))
+            c = waiting.result()
         except Exception as e:  # noqa: BLE001
             return error(500, f"generation failed: {type(e).__name__}: {e}", "server_error")
         return {
@@ -244,6 +297,8 @@ def _chat_request(raw: bytes) -> tuple[dict[str, Any], list[dict[str, str]], Sam
     if not isinstance(body, dict):
         raise BadRequest("the body must be a JSON object")
     msgs = body.get("messages")
+    if isinstance(msgs, list) and len(msgs) > MAX_MESSAGES:
+        raise BadRequest(f"{len(msgs)} messages: at most {MAX_MESSAGES}")
     if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) and "role" in m for m in msgs):
         raise BadRequest("messages must be a non-empty list of {role, content}")
     sp = _sampling(body)
@@ -261,8 +316,18 @@ async def _stream(batcher: Batcher, prompt: list[int], sp: SamplingParams, model
     (the tail that could still become a stop string is held back), then the finish reason and [DONE]."""
     loop = asyncio.get_running_loop()
     q: asyncio.Queue = asyncio.Queue()
-    fut = batcher.submit_streaming(prompt, sp, lambda text: loop.call_soon_threadsafe(q.put_nowait, text))
+    gone = threading.Event()
+    fut = batcher.submit_streaming(prompt, sp, lambda text: loop.call_soon_threadsafe(q.put_nowait, text), gone)
     fut.add_done_callback(lambda _: loop.call_soon_threadsafe(q.put_nowait, None))
+    try:
+        async for event in _events(q, fut, sp, model):
+            yield event
+    finally:  # the client went away (the response is cancelled) or the stream ended: stop generating
+        gone.set()
+        fut.cancel()
+
+
+async def _events(q: asyncio.Queue, fut: Future, sp: SamplingParams, model: str):
     cid, created = f"chatcmpl-{uuid.uuid4().hex[:16]}", int(time.time())
     hold = max((len(x) for x in sp.stop), default=0)
 
@@ -299,15 +364,80 @@ def check_bind(host: str, api_key: str | None) -> None:
                          "that holds one")
 
 
+def guarded_protocol(header_seconds: float = HEADER_SECONDS, max_connections: int = MAX_CONNECTIONS):
+    """uvicorn's h11 protocol with two guards it lacks: a connection waiting for a request head (a new one, or
+    one kept alive after a response) is closed once it has waited ``header_seconds`` with the head incomplete
+    (uvicorn's keep-alive timer stops at the first byte, so half a head would hold it forever), and past
+    ``max_connections`` a new connection closes the one that has waited longest for its head (or itself, when
+    every other is in a request)."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class Guarded(H11Protocol):
+        def connection_made(self, transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._waiting_since: float | None = time.monotonic()
+            if len(self.connections) > max_connections:  # make room: the one that has waited longest for its
+                # request head goes (a half-open one, most likely), else this one
+                waiting = [c for c in self.connections if getattr(c, "_waiting_since", None) is not None
+                           and c is not self and not c.transport.is_closing()]
+                if not waiting:
+                    transport.close()
+                    return
+                min(waiting, key=lambda c: c._waiting_since).transport.close()
+            self._guard = self.loop.call_later(header_seconds, self._check_head)
+
+        def _check_head(self) -> None:
+            if self.transport.is_closing():
+                return
+            if self.cycle is not None and not self.cycle.response_complete:
+                self._waiting_since = None  # a request is under way: the app's own timeouts hold
+            elif self._waiting_since is None:
+                self._waiting_since = time.monotonic()
+            if self._waiting_since is not None and time.monotonic() - self._waiting_since >= header_seconds:
+                self.transport.close()
+                return
+            self._guard = self.loop.call_later(header_seconds / 4, self._check_head)
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._waiting_since = time.monotonic()  # waiting for the next request head from now
+
+        def connection_lost(self, exc) -> None:
+            guard = getattr(self, "_guard", None)
+            if guard is not None:
+                guard.cancel()
+            super().connection_lost(exc)
+
+    return Guarded
+
+
+def raise_descriptor_limit(want: int) -> int:
+    """The soft limit on open descriptors raised to ``want`` where the hard limit allows; the soft limit after."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < want:
+        new = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+            soft = new
+        except (ValueError, OSError):
+            pass
+    return soft
+
+
 class Server:
     """A uvicorn server for the app, run in this thread (``serve_forever``) or a background one."""
 
-    def __init__(self, app, host: str, port: int):
+    def __init__(self, app, host: str, port: int, header_seconds: float = HEADER_SECONDS,
+                 max_connections: int = MAX_CONNECTIONS):
         import uvicorn
 
         self.app = app
+        limit = raise_descriptor_limit(max_connections + 256)
+        max_connections = min(max_connections, max(16, limit - 128))  # room for the model's own files
         self.config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
-                                     lifespan="off")
+                                     lifespan="off", http=guarded_protocol(header_seconds, max_connections))
         self.server = uvicorn.Server(self.config)
         self.thread: threading.Thread | None = None
 
@@ -349,11 +479,12 @@ class Server:
 
 def make_server(backend: LocalBackend, host: str = "127.0.0.1", port: int = 8000, model_name: str = "scope",
                 fail_rate: float = 0.0, seed: int = 0, max_batch: int = 32, api_key: str | None = None,
-                max_body_bytes: int = MAX_BODY_BYTES) -> Server:
+                max_body_bytes: int = MAX_BODY_BYTES, header_seconds: float = HEADER_SECONDS,
+                body_seconds: float = BODY_SECONDS, max_connections: int = MAX_CONNECTIONS) -> Server:
     check_bind(host, api_key)
     app = make_app(backend, model_name=model_name, fail_rate=fail_rate, seed=seed, max_batch=max_batch,
-                   api_key=api_key, max_body_bytes=max_body_bytes)
-    return Server(app, host, port)
+                   api_key=api_key, max_body_bytes=max_body_bytes, body_seconds=body_seconds)
+    return Server(app, host, port, header_seconds=header_seconds, max_connections=max_connections)
 
 
 def serve_in_thread(backend: LocalBackend, port: int = 0, **kw: Any) -> tuple[Server, str]:

@@ -121,6 +121,7 @@ def _participant_routes(app: FastAPI, service: StudyService) -> None:
             events = await run_in_threadpool(service.end, sess)
             return StreamingResponse(iter([sse(ev) for ev in events] + [sse({"type": "done"})]),
                                      media_type="text/event-stream")
+        service.claim(sess)  # a second message while one is answered is a 409 (429 when busy), not a stream
         return StreamingResponse(_reply_stream(service, sess, text), media_type="text/event-stream")
 
     @app.post("/api/session/{sid}/end")
@@ -147,7 +148,7 @@ def _reply_stream(service: StudyService, sess: store.StudySession, text: str) ->
 
     def work() -> None:
         try:
-            service.message(sess, text, emit=emit)  # each turn is stored whole when it ends
+            service.message(sess, text, emit=emit, claimed=True)  # each turn is stored whole when it ends
         except StudyError as e:
             emit({"type": "error", "status": e.status, "message": e.message})
         except Exception as e:  # noqa: BLE001 - the stream has begun: the error is its last event

@@ -115,6 +115,9 @@ class StudySettings(Strict):
     max_live_sessions: int = Field(default=200, ge=1)
     """Sessions whose environment (a tau2 database, say) this process keeps in memory; the least recently
     used idle ones beyond this are rebuilt from their stored turns when their participant comes back."""
+    max_in_flight: int = Field(default=128, ge=1)
+    """Participants' messages being answered at once, across sessions (each session has at most one: a second
+    while its first is answered gets 409); one more gets 429 "busy, try again", and nothing of it is stored."""
 
 
 class StudyConfig(Strict):

@@ -47,6 +47,7 @@ class StudyService:
         self.cfg, self.engine, self.agents, self.bank, self.secret = cfg, engine, agents, bank, secret
         self.runtimes: OrderedDict[str, Runtime] = OrderedDict()  # least recently used first
         self.runtimes_lock = threading.Lock()
+        self.in_flight: set[str] = set()  # sessions whose message is being answered (under runtimes_lock)
         store.ensure_cells(engine, cfg.cells())
 
     # ---- identity -------------------------------------------------------------------------------
@@ -225,14 +226,37 @@ class StudyService:
             raise StudyError(413, f"message over {self.cfg.study.max_message_chars} characters")
         return text
 
-    def message(self, sess: store.StudySession, text: str, emit=None) -> list[dict]:
+    def message(self, sess: store.StudySession, text: str, emit=None, claimed: bool = False) -> list[dict]:
         """The participant's message, then the agent's replies. Returns the events; with ``emit`` each is
-        also passed to it as it happens (the agent's words while they are generated)."""
+        also passed to it as it happens (the agent's words while they are generated). ``claimed``: the caller
+        already holds the session's place (:meth:`claim`), released here."""
         text = self.check_message(text)
         if sess.env == "koth":
             raise StudyError(409, "this session has no chat: it shows a game")
         if text.lower() == "/stop":
             return self.end(sess)
+        if not claimed:
+            self.claim(sess)
+        try:
+            return self._answer(sess, text, emit)
+        finally:
+            self.release(sess)
+
+    def claim(self, sess: store.StudySession) -> None:
+        """Hold the session's one place for a message being answered, or refuse the message whole: 409 while its
+        previous one is answered, 429 when ``study.max_in_flight`` messages are (nothing of it is stored)."""
+        with self.runtimes_lock:
+            if sess.id in self.in_flight:
+                raise StudyError(409, "your previous message is still being answered: wait for its reply")
+            if len(self.in_flight) >= self.cfg.study.max_in_flight:
+                raise StudyError(429, "busy: too many messages are being answered, try again in a moment")
+            self.in_flight.add(sess.id)
+
+    def release(self, sess: store.StudySession) -> None:
+        with self.runtimes_lock:
+            self.in_flight.discard(sess.id)
+
+    def _answer(self, sess: store.StudySession, text: str, emit=None) -> list[dict]:
         with self.held(sess) as (rt, sess):
             if sess.status != "active":
                 raise StudyError(409, "this chat has ended")

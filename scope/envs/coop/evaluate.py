@@ -468,15 +468,27 @@ def not_graded(tests: dict[str, str], reason: str) -> PairResult:
                       {name: TestOutcome(note=f"not graded: {reason}") for name in tests})
 
 
+GRADE_SECONDS = 600.0
+"""The longest grading of one pair may take (merge and every feature's tests); past it: "not graded: too slow"."""
+
+
 def evaluate_pair(base_dir: str, patches: dict[str, str], tests: dict[str, str], sandbox_for,
-                  wall_seconds: float | None = None) -> PairResult:
+                  wall_seconds: float | None = None, deadline_seconds: float = GRADE_SECONDS) -> PairResult:
     """Merge ``patches`` (agent -> diff) and run every feature's hidden ``tests`` (feature -> diff) on the
-    merged tree. ``sandbox_for(workspace)`` returns the Sandbox a test run uses."""
+    merged tree. ``sandbox_for(workspace)`` returns the Sandbox a test run uses. Each feature's run gets
+    ``wall_seconds`` at most and what is left of ``deadline_seconds``; none left: :class:`GradingLimit`."""
+    import time
+
+    t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="scope-coop-merge-") as work:
         m = merge_patches(base_dir, patches, work)
         feats: dict[str, TestOutcome] = {}
         for name, tp in tests.items():
-            feats[name] = (run_feature_tests(m.tree, tp, sandbox_for, wall_seconds) if m.tree is not None
+            left = deadline_seconds - (time.monotonic() - t0)
+            if left <= 1.0:
+                raise GradingLimit(f"too slow: grading the pair took over {deadline_seconds:.0f} s")
+            wall = left if wall_seconds is None else min(wall_seconds, left)
+            feats[name] = (run_feature_tests(m.tree, tp, sandbox_for, wall) if m.tree is not None
                            else TestOutcome(note="the patches could not be merged"))
         m.tree = m.tree and "merged"  # the directory is gone with ``work``
         return PairResult(m, feats)
