@@ -378,12 +378,12 @@ def guarded_protocol(header_seconds: float = HEADER_SECONDS, max_connections: in
             self._waiting_since: float | None = time.monotonic()
             if len(self.connections) > max_connections:  # make room: the one that has waited longest for its
                 # request head goes (a half-open one, most likely), else this one
-                waiting = [c for c in self.connections if getattr(c, "_waiting_since", None) is not None
-                           and c is not self and not c.transport.is_closing()]
-                if not waiting:
+                since = {c: t for c in self.connections if c is not self and not c.transport.is_closing()
+                         and (t := getattr(c, "_waiting_since", None)) is not None}
+                if not since:
                     transport.close()
                     return
-                min(waiting, key=lambda c: c._waiting_since).transport.close()
+                min(since, key=since.__getitem__).transport.close()
             self._guard = self.loop.call_later(header_seconds, self._check_head)
 
         def _check_head(self) -> None:

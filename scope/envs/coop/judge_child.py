@@ -14,7 +14,7 @@ import os
 import sys
 
 MAX_ITEMS = 100_000
-OBJECTS = {}
+OBJECTS: dict = {}
 """The objects the judge holds references to, by number."""
 EXC_NAMES = {n for n, v in vars(builtins).items() if isinstance(v, type) and issubclass(v, BaseException)}
 
