@@ -38,14 +38,15 @@ from typing import Any, Callable
 from .stats import TRAIN_WINDOW, task_bootstrap
 
 DEFAULTS: dict[str, dict[str, float]] = {
-    # the thresholds and windows a detector takes when its config leaves them out; chosen on one set of runs, then
-    # held against others (docs/evaluation.md, "Collapse alarms", says which)
+    # the thresholds and windows a detector takes when its config leaves them out: each threshold is the candidate
+    # with the most hits, then the fewest false alarms, on one set of runs (a recipe's, where a collapse is known),
+    # then held against runs it was not chosen on; docs/evaluation.md, "Collapse alarms", says which and how it did
     "exploit": {"threshold": 2.0, "window": 3},
-    "gap": {"threshold": 2.0, "window": 3},
+    "gap": {"threshold": 2.5, "window": 3},
     "entropy_floor": {"threshold": 0.15, "window": 4},
-    "self_similarity_ceiling": {"threshold": 0.8, "window": 4},
-    "zero_variance_ceiling": {"threshold": 0.7, "window": 4},
-    "partner_modal_mass_ceiling": {"threshold": 0.95, "window": 1},
+    "self_similarity_ceiling": {"threshold": 0.9, "window": 4},
+    "zero_variance_ceiling": {"threshold": 0.8, "window": 4},
+    "partner_modal_mass_ceiling": {"threshold": 0.99, "window": 1},
 }
 WINDOW_KEYS = {"entropy_floor": "policy_entropy", "self_similarity_ceiling": "agent_self_bleu",
                "zero_variance_ceiling": "zero_variance_frac",

@@ -64,11 +64,16 @@ def choose(grid: str, seed: int = 0) -> dict[str, Any]:
 
 
 def hold(grids: dict[str, str]) -> dict[str, Any]:
-    """The defaults replayed on every finished trained run of each grid (name -> directory)."""
+    """The defaults replayed on every finished trained run of each grid (name -> directory, or ``DIR@1,2``: those
+    seeds only, e.g. the lab's grid without the seed the thresholds were chosen on)."""
     out: dict[str, Any] = {}
-    for name, grid in grids.items():
+    for name, spec in grids.items():
+        grid, _, seeds = spec.partition("@")
+        keep = {int(x) for x in seeds.split(",")} if seeds else None
         rows = []
         for a, k, d in runs_of(grid):
+            if keep is not None and k not in keep:
+                continue
             rows.append({"arm": a, "seed": k, "fired": {det: fired(d, det) for det in DEFAULTS}})
         out[name] = rows
     return out
@@ -116,7 +121,8 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m recipes.collapse_lab alarms")
     ap.add_argument("--choose", metavar="GRID", help="the lab's grid whose seed-0 runs choose the thresholds")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--hold", nargs="*", default=[], metavar="NAME=GRID", help="grids to replay the defaults on")
+    ap.add_argument("--hold", nargs="*", default=[], metavar="NAME=GRID",
+                    help="grids to replay the defaults on (GRID@1,2: those seeds only)")
     ap.add_argument("--out", help="write the tables and their JSON here")
     a = ap.parse_args(argv)
     text, data = "", {}
