@@ -86,6 +86,10 @@ def _ray_init(address: str | None):
     return ray
 
 
+PLAY_WAIT = 600.0
+"""Seconds a worker waits for the batch handed out before the one it was given; then it plays it anyway."""
+
+
 @dataclass
 class Pending:
     """A step's jobs handed to the workers: each worker's share and its call (None: a worker with no jobs)."""
@@ -109,6 +113,7 @@ class WorkerRollout:
         # the models the copies hold (the driver's as they were built from the config): an evaluation panel's
         # members, loaded into the driver's table later, are not the generators' to hold nor to be sent
         self.keys = list(backends)
+        self.plays = [0] * n  # batches handed to each worker: it plays them in this order
         self.seq = 0  # every hand-out of weights is numbered: a worker applies them in this order
 
     # -- the transport (a subclass's) --
@@ -181,8 +186,9 @@ class WorkerRollout:
                 calls.append(None)
                 continue
             self.seq += 1
+            self.plays[i] += 1
             send = (self.seq, self._moved(i, versions, stored), live)
-            calls.append(self._launch(i, send, [_swap_job(j, self._name) for j in part], kw))
+            calls.append(self._launch(i, send, [_swap_job(j, self._name) for j in part], dict(kw, play=self.plays[i])))
         self.stats["sync_seconds"] += time.perf_counter() - t0
         return Pending(jobs, parts, calls, t0)
 
@@ -242,10 +248,13 @@ class RayRollout(WorkerRollout):
 
     def _start(self, i: int) -> None:
         ray = self.ray
-        # (two calls at once: ``offer`` reaches a worker while its ``run`` plays)
-        Actor = ray.remote(num_cpus=self.cfg.ray.cpus_per_worker, max_restarts=0, max_concurrency=2)(RolloutWorker)
+        # calls at once: ``offer`` reaches a worker while its ``run`` plays, and with asynchronous rollouts up to
+        # K more batches' calls wait their turn (each holds a thread of the actor while it waits)
+        Actor = ray.remote(num_cpus=self.cfg.ray.cpus_per_worker, max_restarts=0,
+                           max_concurrency=2 + self.cfg.rollout.max_staleness)(RolloutWorker)
         self.workers[i] = Actor.remote(self.cfg.model_dump(), i)
         self.sent[i] = {}
+        self.plays[i] = 0
 
     def _put(self, payload):
         return self.ray.put(payload)
@@ -306,6 +315,7 @@ class ThreadRollout(WorkerRollout):
         self.stats["restarts"] += 1
         self.worker = self.pool.submit(RolloutWorker, self.cfg.model_dump(), 0).result()
         self.sent[0] = {}
+        self.plays[0] = 0
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
@@ -351,6 +361,8 @@ class RolloutWorker:
         self.applied = 0  # the newest hand-out applied
         self.lock = threading.Lock()
         self.playing = threading.Lock()
+        self.turn = threading.Condition()
+        self.next_play = 1  # the hand-out number (per worker, from 1) of the batch to play next
 
     def _ref(self, n: RefName):
         if n not in self.refs:
@@ -410,8 +422,22 @@ class RolloutWorker:
             self._sync(seq, send, live)
 
     def run(self, weights: tuple[int, dict, dict], jobs: list[Job], kw: dict):
-        """Play ``jobs`` after applying ``weights`` (and any offered before them), one batch at a time (a threaded
-        actor may be handed the next batch while this one plays)."""
+        """Play ``jobs`` after applying ``weights`` (and any offered before them), one batch at a time, in the order
+        they were handed out (``kw["play"]``: a threaded actor may receive the next batch's call before this one's,
+        and the next batch's jobs may need weights that only this call carries, a pool snapshot say)."""
+        play = kw.pop("play", None)
+        with self.turn:
+            if play is not None and not self.turn.wait_for(lambda: play <= self.next_play, timeout=PLAY_WAIT):
+                self.next_play = play  # the call before it never came (a lost call): go on
+        try:
+            return self._play(weights, jobs, kw)
+        finally:
+            with self.turn:
+                if play is not None:
+                    self.next_play = max(self.next_play, play + 1)
+                self.turn.notify_all()
+
+    def _play(self, weights: tuple[int, dict, dict], jobs: list[Job], kw: dict):
         with self.playing:
             self.offer(weights)
             self._take_offers()

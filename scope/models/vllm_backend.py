@@ -271,7 +271,13 @@ class EngineBackend:
         shutil.rmtree(out, ignore_errors=True)
         self.local.model.save_pretrained(out, selected_adapters=[adapter])
         path = os.path.join(out, adapter) if os.path.isdir(os.path.join(out, adapter)) else out
-        self.engine.post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": path})
+        try:
+            self.engine.post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": path})
+        except EngineError as e:  # a name an earlier run on the same engine left loaded: its weights are not these
+            if "already been loaded" not in str(e):
+                raise
+            self.engine.post("/v1/unload_lora_adapter", {"lora_name": name})
+            self.engine.post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": path})
         self.synced[adapter] = version
         self.loaded.setdefault(adapter, []).append(name)
         self.stats["syncs"] += 1
