@@ -31,6 +31,7 @@ def gemma_model(k: int):
 def fit_sims(data_dir: str, only: list[str] | None = None, log: Callable[[str], None] = print) -> None:
     """G1-G4: Gemma 3 270M base fitted to the four quarters of the train persuadees by P1-P4's recipe (its examples
     and options; only the model differs), and P1-P4 restored from P4G-pitch's records."""
+    from recipes.p4g_pitch.__main__ import restore_fit
     from recipes.p4g_pitch.__main__ import sims as pitch_sims
     from scope.sim.fit import FitConfig, fit
 
@@ -39,10 +40,7 @@ def fit_sims(data_dir: str, only: list[str] | None = None, log: Callable[[str], 
         if only and f"g{k}" not in only:
             continue
         out, record = os.path.join(SIMS, f"g{k}"), os.path.join(RECORDS, "sims", f"g{k}")
-        if not os.path.isdir(os.path.join(out, "adapter")) and os.path.isdir(record):
-            shutil.rmtree(out, ignore_errors=True)
-            shutil.copytree(record, out)
-            log(f"sims: G{k} restored from {record}")
+        if restore_fit(out, record, f"G{k}", log):
             continue
         fit(FitConfig(model="gemma3-270m", data_dir=data_dir, shard=f"{k}/4",
                       examples="recipes.p4g_pitch.fit:fit_views", max_tokens=512, out=out), log=log, progress=False)

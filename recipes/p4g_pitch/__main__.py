@@ -23,6 +23,16 @@ def log(s: str) -> None:
     print(s, flush=True)
 
 
+def restore_fit(out: str, record: str, name: str, log) -> bool:
+    """A committed fit (``record``: its adapter and fit.json) copied to ``out`` where ``out`` has none; True if so."""
+    if os.path.isdir(os.path.join(out, "adapter")) or not os.path.isdir(record):
+        return False
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.copytree(record, out)
+    log(f"sims: {name} restored from {record}")
+    return True
+
+
 def sims(data_dir: str, progress: bool = False) -> None:
     """P1-P4, each fitted to one of four disjoint quarters of the train persuadees (``scope sim fit --shard k/4
     --examples recipes.p4g_pitch.fit:fit_views --max-tokens 512``). A fit committed in ``records/sims`` is restored
@@ -32,10 +42,7 @@ def sims(data_dir: str, progress: bool = False) -> None:
 
     for k in range(1, 5):
         out, record = os.path.join(SIMS, f"p{k}"), os.path.join(RECORDS, "sims", f"p{k}")
-        if not os.path.isdir(os.path.join(out, "adapter")) and os.path.isdir(record):
-            shutil.rmtree(out, ignore_errors=True)
-            shutil.copytree(record, out)
-            log(f"sims: P{k} restored from {record}")
+        if restore_fit(out, record, f"P{k}", log):
             continue
         if os.path.isdir(os.path.join(out, "adapter")):
             log(f"sims: P{k} is in {out}")
