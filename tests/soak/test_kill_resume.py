@@ -15,7 +15,7 @@ from scope.run import read_metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 KILLS = 20
-STEPS = 30  # long enough that 20 kills (each start makes some progress) always land before the run ends
+STEPS = 30  # more than 20: a killed start makes at most one step, so all 20 kills land before the run ends
 
 
 def config(run_dir, population: bool) -> dict:
@@ -40,6 +40,13 @@ def scope(*args) -> subprocess.Popen:
 def finished(run_dir) -> bool:
     p = os.path.join(run_dir, "metrics.jsonl")
     return os.path.exists(p) and any(m.get("step") == STEPS for m in read_metrics(p))
+
+
+def steps_done(run_dir) -> int:
+    try:
+        return len(read_metrics(os.path.join(run_dir, "metrics.jsonl")))
+    except FileNotFoundError:
+        return 0
 
 
 def saving(run_dir, since: float) -> bool:
@@ -80,8 +87,11 @@ def test_random_kills_never_lose_a_step(tmp_path, population):
         t_start = time.time()
         p = scope(*(["--resume", str(run)] if resume else ["--config", str(cfg_file)]))
         if kills < KILLS:
-            if kills % 2:  # at a random moment (start-up takes ~3 s: some kills land before the first step)
-                time.sleep(rng.uniform(2.0, 7.0))
+            if kills % 2:  # at a random moment (start-up takes ~3 s: some kills land before the first step), and
+                # at the latest when a new step's metrics appear, so a fast machine cannot finish the run in 20 kills
+                done, deadline = steps_done(run), time.time() + rng.uniform(2.0, 7.0)
+                while p.poll() is None and time.time() < deadline and steps_done(run) <= done:
+                    time.sleep(0.01)
             else:  # while a checkpoint is being written: as soon as its step_N.tmp appears, after a random delay
                 t0 = time.time()
                 while p.poll() is None and time.time() - t0 < 60 and not saving(run, t_start):
