@@ -206,3 +206,47 @@ def test_steps_zero_needs_a_panel(tmp_path):
 
     with pytest.raises(ConfigError, match="train.steps: 0"):
         tiny_run(tmp_path, steps=0)
+
+
+def test_records_keep_the_final_adapters_in_half_precision_when_the_grid_asks(tmp_path):
+    """``records: {adapters: fp16}``: each trained run's record carries its last checkpoint's LoRA adapters in half
+    precision (and that step); a run restored from it packs to the same bytes; a model loads the kept adapter."""
+    from safetensors.torch import load_file
+
+    from scope.grid.records import pack, unpack
+
+    d = configs(tmp_path, records={"adapters": "fp16"})
+    records = str(tmp_path / "records")
+    a = str(tmp_path / "a")
+    run_grid(d, a, log=lambda s: None, records=records)
+    with tarfile.open(os.path.join(records, "single-seed0.tar.gz")) as tar:
+        names = tar.getnames()
+        kept = [n for n in names if n.startswith("single/seed0/final_adapters/")]
+        assert tar.extractfile("single/seed0/final_adapters/step.txt").read() == b"2\n"
+    weights = [n for n in kept if n.endswith("adapter_model.safetensors")]
+    assert weights and all(n.endswith(".safetensors") or n.endswith(".json") or n.endswith("step.txt") for n in kept)
+    assert not any("checkpoints" in n for n in names)
+    b = str(tmp_path / "b")
+    unpack(records, b)
+    rel = weights[0][len("single/seed0/"):]
+    half = load_file(os.path.join(b, "single", "seed0", rel))
+    full = load_file(os.path.join(a, "single", "seed0", "checkpoints", "step_000002",
+                                  rel[len("final_adapters/"):]))
+    assert set(half) == set(full) and half
+    for k in full:
+        assert half[k].dtype == __import__("torch").float16 and (half[k].float() - full[k]).abs().max() < 1e-3
+    again = str(tmp_path / "again")
+    spec = read_spec(d)
+    pack(b, again, spec)
+    for fn in os.listdir(records):  # a restored run (no checkpoints) packs to the same bytes
+        assert open(os.path.join(again, fn), "rb").read() == open(os.path.join(records, fn), "rb").read(), fn
+    from scope.config import ModelConfig
+    from scope.models.loading import frozen_refs
+
+    kept_dir = os.path.join(b, "single", "seed0", os.path.dirname(rel))
+    ref = frozen_refs({"kept": ModelConfig(path="tiny-random", adapter=kept_dir)}, {})["kept"]
+    loaded = {n: p for n, p in ref.backend.model.named_parameters() if f".{ref.adapter}." in n}
+    assert len(loaded) == len(half)  # every kept tensor is in the model, as the run's policy ended
+    for k, v in half.items():
+        got = loaded[k.replace(".weight", f".{ref.adapter}.weight")]
+        assert (got.detach().float() - v.float()).abs().max() == 0, k

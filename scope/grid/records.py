@@ -3,12 +3,14 @@
 A grid on a small machine takes longer than one sitting, and a run directory does not outlive the machine it
 was written on. :func:`pack` writes each finished run of a grid as ``DIR/<arm>-seed<k>.tar.gz``:
 everything the tables, curves and verdicts read (``config.yaml``, ``metrics.jsonl``, ``eval/``, ``rollouts/``,
-``best/best.json``), without weights (``checkpoints/`` and the best checkpoint's adapter: tens of MB a run).
+``best/best.json``), without weights (``checkpoints/`` and the best checkpoint's adapter: tens of MB a run),
+unless the grid's ``records: {adapters: fp16}`` asks for the last checkpoint's LoRA adapters in half precision
+(``final_adapters/``).
 The archives are byte-for-byte reproducible (sorted members, no timestamps or owners), so packing a grid again
 changes no committed file whose run did not change. :func:`unpack` puts them back under a grid's directory,
 where :func:`scope.grid.runner.run_grid` counts them as done and aggregates them with the runs made since; a
-run directory already there is never overwritten. A record has no weights: ``scope eval`` on a recorded
-run's policy needs the run made again.
+run directory already there is never overwritten. A record without ``final_adapters/`` has no weights:
+``scope eval`` on a recorded run's policy needs the run made again.
 """
 from __future__ import annotations
 
@@ -27,6 +29,8 @@ SKIP = ("checkpoints", "tb")
 """Top-level folders of a run directory left out of its record (weights; TensorBoard's copy of metrics.jsonl)."""
 WEIGHTS = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 """Weight files are left out wherever they are (``best/`` keeps its ``best.json``, not the adapter)."""
+FINAL = "final_adapters"
+"""Where a record keeps its run's final LoRA adapters (``records: {adapters: fp16}``)."""
 NAME = re.compile(r"^(?P<arm>[a-z0-9_]+)-seed(?P<seed>\d+)\.tar\.gz$")
 
 
@@ -76,25 +80,65 @@ def finished_runs(grid: str, spec: GridSpec | None = None) -> list[tuple[str, in
     return out
 
 
-def _archive(run_dir: str, arcroot: str) -> bytes:
-    members = []
+def final_adapters(run_dir: str) -> dict[str, bytes]:
+    """``final_adapters/...`` path -> bytes: each LoRA adapter (a folder with ``adapter_config.json`` and
+    ``adapter_model.safetensors``) of the run's last checkpoint, its floating-point tensors in half precision, and
+    ``step.txt`` (that checkpoint's step); a run restored from such a record (no checkpoints) gives back the
+    files it was restored with. Empty where the run has neither."""
+    ck = os.path.join(run_dir, "checkpoints")
+    steps = sorted(d for d in os.listdir(ck) if re.fullmatch(r"step_\d+", d)) if os.path.isdir(ck) else []
+    out: dict[str, bytes] = {}
+    if not steps:
+        kept = os.path.join(run_dir, FINAL)
+        for root, _, files in os.walk(kept):
+            for fn in files:
+                with open(os.path.join(root, fn), "rb") as f:
+                    out[os.path.relpath(os.path.join(root, fn), run_dir)] = f.read()
+        return out
+    import torch
+    from safetensors.torch import load_file, save
+
+    last = os.path.join(ck, steps[-1])
+    for root, dirs, files in os.walk(last):
+        dirs.sort()
+        if "adapter_config.json" not in files or "adapter_model.safetensors" not in files:
+            continue
+        rel = os.path.join(FINAL, os.path.relpath(root, last))
+        tensors = load_file(os.path.join(root, "adapter_model.safetensors"))
+        half = {k: v.to(torch.float16) if v.is_floating_point() else v for k, v in tensors.items()}
+        out[os.path.normpath(os.path.join(rel, "adapter_model.safetensors"))] = save(half, metadata={"format": "pt"})
+        with open(os.path.join(root, "adapter_config.json"), "rb") as f:
+            out[os.path.normpath(os.path.join(rel, "adapter_config.json"))] = f.read()
+    if out:
+        out[os.path.join(FINAL, "step.txt")] = f"{int(steps[-1].split('_')[1])}\n".encode()
+    return out
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _archive(run_dir: str, arcroot: str, adapters: str = "none") -> bytes:
+    members: dict[str, bytes | str] = {}
     for root, dirs, files in os.walk(run_dir):
         rel = os.path.relpath(root, run_dir)
         if rel == ".":
-            dirs[:] = [d for d in dirs if d not in SKIP]
+            dirs[:] = [d for d in dirs if d not in SKIP and d != FINAL]
         dirs.sort()
         for fn in sorted(files):
             if fn.endswith(".tmp") or fn.endswith(WEIGHTS):
                 continue
-            members.append(os.path.normpath(os.path.join(rel, fn)))
+            members[os.path.normpath(os.path.join(rel, fn))] = os.path.join(root, fn)
+    if adapters == "fp16":  # after the run's own files (whose order is that of records packed before this option)
+        members.update(sorted(final_adapters(run_dir).items()))
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for rel in members:
-            path = os.path.join(run_dir, rel)
+        for rel, src in members.items():
+            data = src if isinstance(src, bytes) else _read(src)
             info = tarfile.TarInfo(os.path.join(arcroot, rel))
-            info.size, info.mode, info.mtime = os.path.getsize(path), 0o644, 0
-            with open(path, "rb") as f:
-                tar.addfile(info, f)
+            info.size, info.mode, info.mtime = len(data), 0o644, 0
+            tar.addfile(info, io.BytesIO(data))
     gz = io.BytesIO()
     with gzip.GzipFile(fileobj=gz, mode="wb", mtime=0, filename="") as f:
         f.write(raw.getvalue())
@@ -110,7 +154,7 @@ def pack(grid: str, dest: str, spec: GridSpec | None = None, only: tuple[str, in
     for arm, seed, run_dir in finished_runs(grid, spec):
         if only is not None and (arm, seed) != only:
             continue
-        data = _archive(run_dir, os.path.join(arm, f"seed{seed}"))
+        data = _archive(run_dir, os.path.join(arm, f"seed{seed}"), spec.records.adapters if spec else "none")
         path = os.path.join(dest, f"{arm}-seed{seed}.tar.gz")
         if os.path.exists(path):
             with open(path, "rb") as f:

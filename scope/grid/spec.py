@@ -12,6 +12,7 @@
     hooks:
       before: {cards: mypkg.analysis:cards}       # key -> fn(out, config, log) -> dict, kept as results[key]
       sections: [mypkg.analysis:margins]          # fn(results, spec) -> Section, below the table
+    records: {adapters: fp16}          # optional: --records keeps each run's final LoRA adapters, half precision
 
 Each arm's config is an ordinary ``scope train`` config (it may ``extends:`` a shared one); each run is
 ``scope train`` of it with ``run.seed`` and ``run.dir`` set. An experiment's own environment or model builder
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Literal, Protocol
 
 from pydantic import Field, ValidationError, model_validator
 
@@ -57,6 +58,13 @@ class Hooks(Strict):
     :class:`Section` written below the grid's table."""
 
 
+class Records(Strict):
+    adapters: Literal["none", "fp16"] = "none"
+    """``fp16``: each run's record (``--records``) also keeps the LoRA adapters of its last checkpoint, in half
+    precision, under ``final_adapters/`` (with ``step.txt``), for re-scoring or re-sampling the run later without
+    making it again; ``none``: records carry no weights."""
+
+
 class GridSpec(Strict):
     arms: dict[str, Arm]
     seeds: int = Field(default=1, ge=1)
@@ -64,6 +72,7 @@ class GridSpec(Strict):
     """The runs and their order, ``arm`` or ``arm@seed`` (no seed: 0); unset: every arm at every seed."""
     quick: Quick = Quick()
     hooks: Hooks = Hooks()
+    records: Records = Records()
     directory: str = ""
     """(Set when read:) the directory of grid.yaml, which the arms' config paths are relative to."""
 
