@@ -164,8 +164,10 @@ def test_random_kills_of_either_rank_of_a_two_rank_run_never_lose_a_step(tmp_pat
         t_start = time.time()
         ps = two_ranks(tmp_path, ["--resume", str(run)] if resume else ["--config", str(cfg_file)], starts)
         if kills < DIST_KILLS:
-            if kills % 2:
-                time.sleep(rng.uniform(4.0, 9.0))
+            if kills % 2:  # at a random moment, at the latest when a new step's metrics appear
+                done, deadline = steps_done(run), time.time() + rng.uniform(4.0, 9.0)
+                while ps[0].poll() is None and time.time() < deadline and steps_done(run) <= done:
+                    time.sleep(0.01)
             else:
                 t0 = time.time()
                 while ps[0].poll() is None and time.time() - t0 < 60 and not saving(run, t_start):
