@@ -164,3 +164,25 @@ def test_the_grid_package_names_no_arm():
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in arms:
                 found.append(f"{name}:{node.lineno}: {node.value!r}")
     assert not found, f"arm names in scope/grid: {found}"
+
+
+def test_every_data_file_of_the_package_ships_in_its_wheel():
+    """Each non-Python file under scope/ (tracked by git) is matched by pyproject.toml's package-data: a file the
+    code reads that the wheel leaves out fails only in an installed copy (``make test-core`` found one)."""
+    import glob
+    import subprocess
+    import tomllib
+
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        data = tomllib.load(f)["tool"]["setuptools"]["package-data"]
+    shipped = set()
+    for pkg, patterns in data.items():
+        base = os.path.join(ROOT, *pkg.split("."))
+        for pat in patterns:
+            shipped |= {os.path.relpath(os.path.join(base, p), ROOT)
+                        for p in glob.glob(pat, root_dir=base, recursive=True) if os.path.isfile(os.path.join(base, p))}
+    tracked = subprocess.run(["git", "ls-files", "scope"], cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout.split()
+    missing = [p for p in tracked
+               if not p.endswith(".py") and p not in shipped and os.path.exists(os.path.join(ROOT, p))]
+    assert not missing, f"files under scope/ that no package-data pattern of pyproject.toml ships: {missing[:10]}"
