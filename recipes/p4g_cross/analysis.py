@@ -91,57 +91,81 @@ def cards(configs: str, out: str, n_dialogues: int = 48, overrides: list[str] | 
 
 
 def rescore(configs: str, records: str, out: str, overrides: list[str] | None = None,
-            log: Callable[[str], None] = print) -> dict[str, Any]:
+            log: Callable[[str], None] = print, keep: str | None = None) -> dict[str, Any]:
     """Every evaluation pitch of P4G-pitch's committed records (every run, every evaluation step) re-scored under
     G1-G4, beside the P3/P4 reward each run recorded; every run's final step paired with Base's step 0 on P3/P4
-    and on G3/G4. Writes ``rescore.json`` and ``rescore.md``."""
+    and on G3/G4. Each evaluation's scores are kept as soon as they are made (``keep``, by default
+    ``records/rescore`` of this recipe: a rerun scores only what is missing), final steps and Base first. Writes
+    ``rescore.json`` and ``rescore.md``."""
     from scope.envs.tasks import load_tasks
     from scope.grid.records import unpack
     from scope.grid.summary import eval_cells
-    from scope.stats import cells_of, task_bootstrap
+    from scope.stats import cells_of
 
-    cfg, _, _, sims = pitch.load(configs, overrides, BASE, {"G2": gemma_model(2)})
-    gem = {k: sims[k] for k in ("G1", "G2", "G3", "G4")}
-    tasks = {t.id: t for t in load_tasks(cfg.env, "test")}
+    keep = keep or os.path.join(RECORDS, "rescore")
+    os.makedirs(keep, exist_ok=True)
     tmp = tempfile.mkdtemp()
+    loaded: dict[str, Any] = {}
     runs: dict[str, dict[str, Any]] = {}
     try:
         unpack(records, tmp)
+        todo = []  # (order, run name, step, run dir)
         for arm in sorted(os.listdir(tmp)):
             for seed in sorted(os.listdir(os.path.join(tmp, arm))):
                 run_dir = os.path.join(tmp, arm, seed)
                 cells, _, _, _ = eval_cells(run_dir)
-                by_step: dict[str, Any] = {}
-                for step in sorted(cells):
-                    path = os.path.join(run_dir, "eval", f"step_{step:06d}", "eval_episodes.jsonl")
-                    pairs = _pitches(path, tasks)
-                    scores = pitch.score_pairs(cfg, pairs, gem, seed=0)
-                    recs = [{"task_id": t.id, "group_id": f"{sid}:{i}", "status": "done",
-                             "rewards": {"agent": r}, "meta": {"partner": sid}}
-                            for sid, s in scores.items() for i, ((_, t), r) in enumerate(zip(pairs, s["rewards"]))
-                            if not math.isnan(r)]
-                    by_step[str(step)] = {**cells[step], **cells_of(recs)}
-                    log(f"rescore: {arm}/{seed} step {step}: " + ", ".join(
-                        f"{k} {np.nanmean(s['rewards']):.3f}" for k, s in scores.items()))
-                runs[f"{arm}/{seed}"] = {"cells": by_step}
+                runs[f"{arm}/{seed}"] = {"cells": {str(k): v for k, v in cells.items()}}
+                todo += [(0 if step == max(cells) else 1, f"{arm}/{seed}", step, run_dir) for step in cells]
+        for _, name, step, run_dir in sorted(todo, key=lambda x: (x[0], x[1], x[2])):
+            path = os.path.join(keep, f"{name.replace('/', '-')}-step{step}.json")
+            if not os.path.exists(path):
+                if not loaded:
+                    cfg, _, _, sims = pitch.load(configs, overrides, BASE, {"G2": gemma_model(2)})
+                    loaded.update(cfg=cfg, gem={k: sims[k] for k in ("G1", "G2", "G3", "G4")},
+                                  tasks={t.id: t for t in load_tasks(cfg.env, "test")})
+                pairs = _pitches(os.path.join(run_dir, "eval", f"step_{step:06d}", "eval_episodes.jsonl"),
+                                 loaded["tasks"])
+                scores = pitch.score_pairs(loaded["cfg"], pairs, loaded["gem"], seed=0)
+                kept = {"run": name, "step": step, "tasks": [t.id for _, t in pairs],
+                        "rewards": {k: v["rewards"] for k, v in scores.items()}}
+                with open(path + ".tmp", "w") as f:
+                    json.dump(kept, f, default=float)
+                os.replace(path + ".tmp", path)
+                log(f"rescore: {name} step {step}: " + ", ".join(
+                    f"{k} {np.nanmean(v['rewards']):.3f}" for k, v in scores.items()))
+            with open(path) as f:
+                kept = json.load(f)
+            recs = [{"task_id": t, "group_id": f"{sid}:{i}", "status": "done", "rewards": {"agent": r},
+                     "meta": {"partner": sid}}
+                    for sid, rs in kept["rewards"].items() for i, (t, r) in enumerate(zip(kept["tasks"], rs))
+                    if r is not None and not math.isnan(r)]
+            runs[name]["cells"][str(step)].update(cells_of(recs))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    base = runs.get("base/seed0", {}).get("cells", {}).get("0")
-    for r in runs.values():
-        last = r["cells"][max(r["cells"], key=int)]
-        r["final_step"] = max(int(s) for s in r["cells"])
-        r["groups"] = {"/".join(g): {"run": task_bootstrap([last], list(g)),
-                                     **({"vs_base": task_bootstrap([last], list(g), minus=[base])} if base else {})}
-                       for g in (("P3", "P4"), ("G3", "G4"), ("G1", "G2"), ("P1", "P2"))}
-        r["by_step"] = {s: {"/".join(g): float(np.mean([np.mean(list(c[m].values())) for m in g if m in c]))
-                            for g in (("P3", "P4"), ("G3", "G4"))} for s, c in sorted(r["cells"].items(), key=lambda x:
-                                                                                       int(x[0]))}
+    summarise(runs)
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "rescore.json"), "w") as f:
         json.dump(runs, f, indent=1, default=float)
     with open(os.path.join(out, "rescore.md"), "w") as f:
         f.write(rescore_markdown(runs))
     return runs
+
+
+def summarise(runs: dict[str, dict[str, Any]]) -> None:
+    """Each run's final step against Base's step 0, per group of members (bootstrap over the test personas), and
+    the groups' means at every evaluation step."""
+    from scope.stats import task_bootstrap
+
+    base = runs.get("base/seed0", {}).get("cells", {}).get("0")
+    for r in runs.values():
+        r["final_step"] = max(int(s) for s in r["cells"])
+        last = r["cells"][str(r["final_step"])]
+        r["groups"] = {"/".join(g): {"run": task_bootstrap([last], list(g)),
+                                     **({"vs_base": task_bootstrap([last], list(g), minus=[base])} if base else {})}
+                       for g in (("P3", "P4"), ("G3", "G4"), ("G1", "G2"), ("P1", "P2"))}
+        r["by_step"] = {s: {"/".join(g): float(np.mean([np.mean(list(c[m].values())) for m in g if m in c]))
+                            for g in (("P3", "P4"), ("G3", "G4"))}
+                        for s, c in sorted(r["cells"].items(), key=lambda x: int(x[0]))}
 
 
 def _pitches(path: str, tasks: dict[str, Any]) -> list[tuple[str, Any]]:

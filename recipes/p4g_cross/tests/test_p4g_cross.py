@@ -93,3 +93,52 @@ def test_every_signature_is_computed_from_the_grid(tiny):
     assert len(s["worse_family_cure"]["comparisons"]) == 2 and s["worse_family_cure"]["held"] in (True, False)
     assert s["diversity"]["held"] in (True, False)
     assert "1. " in open(os.path.join(out, "verdicts.md")).read()
+
+
+def test_rescore_keeps_each_evaluation_as_it_goes_final_steps_first(tmp_path, monkeypatch):
+    """The rescoring of P4G-pitch's records (the scoring faked: no model is loaded) scores each recorded evaluation
+    once, Base and the final steps first, keeps each as it finishes, and a rerun scores nothing again; every run's
+    final step is paired with Base's step 0 on G3/G4."""
+    import json
+    import shutil
+    import tarfile
+    from types import SimpleNamespace
+
+    import scope.envs.tasks
+    from recipes.p4g_cross import analysis
+    from recipes.p4g_pitch import pilot as pitch
+
+    src = os.path.join(os.path.dirname(CONFIGS), "..", "p4g_pitch", "records")
+    records = tmp_path / "records"
+    records.mkdir()
+    ids = set()
+    for fn in ("base-seed0.tar.gz", "single-seed0.tar.gz"):
+        shutil.copy(os.path.join(src, fn), records / fn)
+        with tarfile.open(records / fn) as tar:
+            for m in tar.getnames():
+                if m.endswith("eval_episodes.jsonl"):
+                    ids |= {json.loads(x)["task_id"] for x in tar.extractfile(m).read().decode().splitlines()}
+    calls = []
+
+    def score_pairs(cfg, pairs, sims, seed=0):
+        calls.append(len(pairs))
+        return {k: {"rewards": [0.1 * i + (len(p) % 3) / 10 for p, _ in pairs]} for i, k in enumerate(sims)}
+
+    monkeypatch.setattr(pitch, "load", lambda *a, **k: (SimpleNamespace(env=None), None, None,
+                                                        {g: None for g in ("G1", "G2", "G3", "G4")}))
+    monkeypatch.setattr(pitch, "score_pairs", score_pairs)
+    monkeypatch.setattr(scope.envs.tasks, "load_tasks", lambda env, split: [SimpleNamespace(id=i) for i in ids])
+    lines: list[str] = []
+    keep = tmp_path / "keep"
+    runs = analysis.rescore(CONFIGS, str(records), str(tmp_path / "out"), log=lines.append, keep=str(keep))
+    assert len(calls) == 6 and all(n == 96 for n in calls)  # Base's one evaluation and single's five, 96 pitches
+    assert [x.split(":")[1].strip() for x in lines[:2]] == ["base/seed0 step 0", "single/seed0 step 40"]
+    assert sorted(os.listdir(keep))[0] == "base-seed0-step0.json" and len(os.listdir(keep)) == 6
+    assert runs["single/seed0"]["final_step"] == 40 and set(runs["single/seed0"]["by_step"]) == {"0", "10", "20",
+                                                                                                 "30", "40"}
+    g = runs["single/seed0"]["groups"]["G3/G4"]
+    assert g["run"]["tasks"] == 48 and "vs_base" in g
+    assert g["run"]["mean"] == pytest.approx(runs["single/seed0"]["by_step"]["40"]["G3/G4"])
+    again = analysis.rescore(CONFIGS, str(records), str(tmp_path / "out2"), log=lines.append, keep=str(keep))
+    assert len(calls) == 6 and again["single/seed0"]["groups"] == runs["single/seed0"]["groups"]
+    assert "| single/seed0 | 40 |" in open(tmp_path / "out" / "rescore.md").read()
