@@ -51,9 +51,10 @@ def family_gain(g: Grid) -> dict[str, Any]:
     other family's, with its bootstrap s.e.; held for an arm when it is at least 2 s.e. in both seeds."""
     out: dict[str, Any] = {}
     for arm, (own, other) in SINGLES.items():
-        rows = []
+        rows: list[dict[str, Any]] = []
         for k, c in g.final(arm) if g.base is not None else []:
             b = g.base
+            assert b is not None
             gain_own = {t: v - per_task(b, own).get(t, math.nan) for t, v in per_task(c, own).items()}
             gain_other = {t: v - per_task(b, other).get(t, math.nan) for t, v in per_task(c, other).items()}
             d = _boot({t: gain_own[t] - gain_other[t] for t in gain_own if t in gain_other})
@@ -70,8 +71,9 @@ def below_base(g: Grid) -> dict[str, Any]:
     held for an arm when it is at most -2 s.e. in both seeds."""
     out: dict[str, Any] = {}
     for arm, (_, other) in SINGLES.items():
-        rows = []
+        rows: list[dict[str, Any]] = []
         for k, c in g.final(arm) if g.base is not None else []:
+            assert g.base is not None
             d = task_bootstrap([c], list(other), minus=[g.base])
             rows.append({"seed": k, "diff": d["mean"], "se": d["se"], "lo": d["lo"], "hi": d["hi"],
                          "holds": bool(d["mean"] <= -2 * d["se"])})
@@ -93,7 +95,7 @@ def worse_family(g: Grid) -> dict[str, Any]:
         return "/".join(pair), {t: sum(v[t] for v in vals) / len(vals) for t in tasks}
 
     ens = worse("ensemble")
-    comps = []
+    comps: list[dict[str, Any]] = []
     for arm in SINGLES:
         s = worse(arm)
         if ens is None or s is None:
