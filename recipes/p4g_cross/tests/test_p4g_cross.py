@@ -3,6 +3,7 @@ SmolLM2 family, tiny-gemma3 as the Gemma family, each simulator one quick `scope
 warnings, and every signature computed from it."""
 import hashlib
 import os
+import shutil
 
 import pytest
 import yaml
@@ -11,6 +12,8 @@ from recipes.conftest import shared_path
 from scope.grid.runner import run_grid
 
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+REGISTERED_RUNS = ["base", "single_p1", "single_g1", "ensemble", "single_p1@1", "single_g1@1", "ensemble@1"]
+"""grid.yaml's runs as committed before the pilot."""
 PREREGISTERED = "27cdc74aac232ab4aae46d41b9ef96fc21be4b1643ba60054d71fec5f17c1f64"
 """The panel as committed before any training run (README.md): it is not changed after a result."""
 
@@ -60,10 +63,28 @@ def tiny(tmp_path_factory):
                  "train.steps=2", "eval.every=2", "run.save_every=2", "models.p1.path=tiny-random",
                  f"models.p1.adapter={tmp / 'tiny-random' / 'adapter'}", "models.g1.path=tiny-gemma3",
                  f"models.g1.adapter={tmp / 'tiny-gemma3' / 'adapter'}"]
+    configs = tmp / "configs"  # the grid as registered before the pilot (its mirror arm included): the machinery
+    shutil.copytree(CONFIGS, configs)
+    spec = yaml.safe_load((configs / "grid.yaml").read_text())
+    spec["runs"] = REGISTERED_RUNS
+    (configs / "grid.yaml").write_text(yaml.safe_dump(spec))
     out = str(tmp / "grid")
     lines: list[str] = []
-    res = run_grid(CONFIGS, out, overrides=overrides, log=lines.append)
+    res = run_grid(str(configs), out, overrides=overrides, log=lines.append)
     return tmp, out, res, lines
+
+
+def test_the_mirror_arm_is_out_of_the_runs_after_the_pilots_no_go():
+    """The pilot's go/no-go (README "Results") took RL (Single) on G1 out of the grid's runs; nothing else."""
+    from scope.grid.spec import read_spec
+
+    spec = read_spec(CONFIGS)
+    assert spec.plan() == [r for r in read_spec_runs(REGISTERED_RUNS) if r[0] != "single_g1"]
+    assert "single_g1" in spec.arms
+
+
+def read_spec_runs(runs: list[str]) -> list[tuple[str, int]]:
+    return [(a, int(s or 0)) for a, _, s in (r.partition("@") for r in runs)]
 
 
 def test_the_grid_reports_the_families_apart(tiny):
@@ -86,6 +107,7 @@ def test_every_signature_is_computed_from_the_grid(tiny):
     _, out, _, _ = tiny
     v = verdicts(out, CONFIGS, log=lambda s: None)
     s = v["signatures"]
+    assert s["family_gain"]["arms"]["single_g1"]["held"] in (True, False)
     assert set(s) == {"family_gain", "below_base_other_family", "worse_family_cure", "diversity"}
     for arm in ("single_p1", "single_g1"):
         rows = s["family_gain"]["arms"][arm]["seeds"]
@@ -142,3 +164,19 @@ def test_rescore_keeps_each_evaluation_as_it_goes_final_steps_first(tmp_path, mo
     again = analysis.rescore(CONFIGS, str(records), str(tmp_path / "out2"), log=lines.append, keep=str(keep))
     assert len(calls) == 6 and again["single/seed0"]["groups"] == runs["single/seed0"]["groups"]
     assert "| single/seed0 | 40 |" in open(tmp_path / "out" / "rescore.md").read()
+
+
+def test_signatures_without_the_mirror_arm_are_not_decidable_where_they_need_it(tiny, tmp_path):
+    """The grid as it runs after the no-go: the mirror arm's signatures and the cure's comparison (which needs every
+    RL (Single)) are not decidable; RL (Single) on P1's are computed."""
+    from recipes.p4g_cross.verdicts import verdicts
+
+    _, out, _, _ = tiny
+    cut = tmp_path / "grid"
+    shutil.copytree(out, cut, ignore=shutil.ignore_patterns("checkpoints"))
+    shutil.rmtree(cut / "single_g1")
+    s = verdicts(str(cut), CONFIGS, log=lambda s: None)["signatures"]
+    assert s["family_gain"]["arms"]["single_g1"]["held"] is None
+    assert s["below_base_other_family"]["arms"]["single_g1"]["held"] is None
+    assert s["family_gain"]["arms"]["single_p1"]["held"] in (True, False)
+    assert s["worse_family_cure"]["held"] is None
