@@ -38,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.choices["pilot"].add_argument("--personas", type=int, default=4)
     sub.choices["cards"].add_argument("--dialogues", type=int, default=48)
     sub.choices["rescore"].add_argument("--records", default="recipes/p4g_pitch/records")
+    sub.choices["rescore"].add_argument("--final-only", action="store_true", help="Base and each run's last step")
     sub.choices["verdicts"].add_argument("--grid", default="runs/p4g-cross/grid")
     a = ap.parse_args(sys.argv[1:] if argv is None else argv)
     from . import analysis
@@ -50,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     elif a.cmd == "cards":
         analysis.cards(a.configs, out, n_dialogues=a.dialogues, overrides=a.set, log=log)
     elif a.cmd == "rescore":
-        analysis.rescore(a.configs, a.records, out, overrides=a.set, log=log)
+        analysis.rescore(a.configs, a.records, out, overrides=a.set, log=log, final_only=a.final_only)
     else:
         from .verdicts import verdicts, verdicts_markdown
 

@@ -91,12 +91,12 @@ def cards(configs: str, out: str, n_dialogues: int = 48, overrides: list[str] | 
 
 
 def rescore(configs: str, records: str, out: str, overrides: list[str] | None = None,
-            log: Callable[[str], None] = print, keep: str | None = None) -> dict[str, Any]:
+            log: Callable[[str], None] = print, keep: str | None = None, final_only: bool = False) -> dict[str, Any]:
     """Every evaluation pitch of P4G-pitch's committed records (every run, every evaluation step) re-scored under
     G1-G4, beside the P3/P4 reward each run recorded; every run's final step paired with Base's step 0 on P3/P4
     and on G3/G4. Each evaluation's scores are kept as soon as they are made (``keep``, by default
-    ``records/rescore`` of this recipe: a rerun scores only what is missing), final steps and Base first. Writes
-    ``rescore.json`` and ``rescore.md``."""
+    ``records/rescore`` of this recipe: a rerun scores only what is missing), final steps and Base first
+    (``final_only``: those alone). Writes ``rescore.json`` and ``rescore.md``."""
     from scope.envs.tasks import load_tasks
     from scope.grid.records import unpack
     from scope.grid.summary import eval_cells
@@ -114,6 +114,8 @@ def rescore(configs: str, records: str, out: str, overrides: list[str] | None = 
             for seed in sorted(os.listdir(os.path.join(tmp, arm))):
                 run_dir = os.path.join(tmp, arm, seed)
                 cells, _, _, _ = eval_cells(run_dir)
+                if final_only:
+                    cells = {max(cells): cells[max(cells)]}
                 runs[f"{arm}/{seed}"] = {"cells": {str(k): v for k, v in cells.items()}}
                 todo += [(0 if step == max(cells) else 1, f"{arm}/{seed}", step, run_dir) for step in cells]
         for _, name, step, run_dir in sorted(todo, key=lambda x: (x[0], x[1], x[2])):
