@@ -164,6 +164,10 @@ def test_rescore_keeps_each_evaluation_as_it_goes_final_steps_first(tmp_path, mo
     again = analysis.rescore(CONFIGS, str(records), str(tmp_path / "out2"), log=lines.append, keep=str(keep))
     assert len(calls) == 6 and again["single/seed0"]["groups"] == runs["single/seed0"]["groups"]
     assert "| single/seed0 | 40 |" in open(tmp_path / "out" / "rescore.md").read()
+    final = analysis.rescore(CONFIGS, str(records), str(tmp_path / "out3"), log=lines.append, keep=str(keep),
+                             final_only=True)
+    assert len(calls) == 6 and set(final["single/seed0"]["by_step"]) == {"40"}
+    assert final["single/seed0"]["groups"] == runs["single/seed0"]["groups"]
 
 
 def test_signatures_without_the_mirror_arm_are_not_decidable_where_they_need_it(tiny, tmp_path):
